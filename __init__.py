@@ -1,3 +1,43 @@
-"""arrangedb: a spill-to-disk, paged storage engine for differential-dataflow arrangements."""
+"""arrangedb: a spill-to-disk, paged storage engine for differential-dataflow arrangements.
+
+Public API::
+
+    with arrangedb.Engine(spill_dir=None, memory_budget="1GiB") as engine:
+        trace = engine.arrange(table, key=["k"], vals=["v"])
+        trace.snapshot(at=None)      # RecordBatchReader: key, vals, count
+        trace.lookup(keys, at=None)  # Table: query_index, key, vals, count
+        trace.changes(since, upto)   # RecordBatchReader: key, vals, time, diff
+
+Names are loaded on first use, so ``import arrangedb.codecs`` (say) does not pull in the
+whole engine.
+"""
+
+import importlib
 
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "Engine": "arrangedb.spine.engine",
+    "Trace": "arrangedb.spine.trace",
+    "TraceHandle": "arrangedb.spine.trace",
+    "SchemaError": "arrangedb.spine.ingest",
+    "MemoryBudget": "arrangedb.pager",
+    "BudgetExceeded": "arrangedb.pager",
+    "SpillError": "arrangedb.pager",
+    "PageFileError": "arrangedb.pager",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'arrangedb' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

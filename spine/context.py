@@ -1,0 +1,39 @@
+"""StorageContext: what the spine needs from the engine -- budget, spill directory, sizes.
+
+The spine never sees files, mmap or psutil directly: it asks the context for a page
+writer and reserves memory through the budget. Sizes derive from the budget so that a
+small budget gets small parts and windows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class StorageContext:
+    budget: object | None = None  # arrangedb.pager.MemoryBudget
+    spill: object | None = None   # arrangedb.pager.SpillDirectory; None keeps parts in memory
+    codec: str = "auto"
+    part_bytes: int = 4 << 20     # target decoded size of a part
+    window_rows: int = 1 << 16    # rows each source contributes to one merge step
+
+    @classmethod
+    def for_budget(cls, budget, spill, codec: str = "auto") -> "StorageContext":
+        limit = budget.limit if budget is not None else 1 << 30
+        part = min(max(limit // 64, 256 << 10), 16 << 20)
+        window = min(max(limit // (64 * 32), 4096), 1 << 18)
+        return cls(budget=budget, spill=spill, codec=codec, part_bytes=part, window_rows=window)
+
+    def reserve(self, nbytes: int, what: str) -> None:
+        if self.budget is not None and nbytes > 0:
+            self.budget.reserve(nbytes, what)
+
+    def release(self, nbytes: int) -> None:
+        if self.budget is not None and nbytes > 0:
+            self.budget.release(nbytes)
+
+    def new_writer(self, hint: str = "batch"):
+        from arrangedb.pager import PageWriter
+
+        return PageWriter(self.spill, name_hint=hint)

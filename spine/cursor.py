@@ -1,0 +1,116 @@
+"""Cursors for operators: blocks of consecutive keys, with their vals and counts as arrays.
+
+Design
+------
+A cursor walks a trace (or several traces at once, aligned on key ranges) in key order
+and yields :class:`Block` s: many keys per step, never one key split across two steps.
+In snapshot mode a block holds each (key, val)'s count accumulated at ``at``; in
+changes mode it holds the consolidated ``(time, diff)`` updates with
+``since <= time < upto``. Operators handle a whole block with array kernels.
+
+``co_blocks`` reads several traces through one merged reader, so the i-th element of
+every tuple it yields covers the same key range: a merge join is then a per-block
+array operation, and neither side is ever held whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from arrangedb.spine.kernels import accumulate, consolidate, filter_times, key_starts
+from arrangedb.spine.reader import MergedReader, step_updates
+from arrangedb.spine.updates import Updates
+
+
+@dataclass(frozen=True)
+class Block:
+    """Rows sorted by (key, val[, time]); ``key_bounds[i]:key_bounds[i+1]`` are key i's rows.
+
+    ``keys`` has one row per distinct key; ``vals`` (None when key-only) and ``counts``
+    one per row. In changes mode ``counts`` holds diffs and ``times`` their times.
+    """
+
+    keys: pa.Table
+    key_bounds: np.ndarray
+    vals: pa.Table | None
+    counts: np.ndarray
+    times: np.ndarray | None = None
+
+    @property
+    def num_keys(self) -> int:
+        return self.keys.num_rows
+
+    def __len__(self) -> int:
+        return len(self.counts)
+
+    def row_keys(self) -> pa.Table:
+        """The key of every row (keys repeated by their row counts)."""
+        reps = np.diff(self.key_bounds)
+        if np.all(reps == 1):
+            return self.keys
+        return self.keys.take(np.repeat(np.arange(self.num_keys), reps))
+
+
+def _block(keys: pa.Table, vals, counts, times=None) -> Block:
+    starts = key_starts(keys)
+    distinct = keys if len(starts) - 1 == keys.num_rows else keys.take(starts[:-1])
+    return Block(distinct, starts, vals, counts, times)
+
+
+def empty_block(key_schema: pa.Schema, val_schema: pa.Schema | None, changes=False) -> Block:
+    vals = val_schema.empty_table() if val_schema is not None else None
+    return Block(key_schema.empty_table(), np.zeros(1, np.int64), vals,
+                 np.zeros(0, np.int64), np.zeros(0, np.uint64) if changes else None)
+
+
+def _snapshot_block(upd: Updates, at: int | None) -> Block:
+    keys, vals, counts = accumulate(upd, at)
+    return _block(keys, vals, counts)
+
+
+def _changes_block(upd: Updates, since: int, upto: int | None) -> Block:
+    upd = consolidate(filter_times(upd, since, upto))
+    return _block(upd.keys, upd.vals, upd.diffs, upd.times)
+
+
+def co_blocks(traces: list, at: int | None = None,
+              changes: tuple[int, int | None] | None = None,
+              window_rows: int | None = None) -> Iterator[tuple[Block, ...]]:
+    """Aligned blocks of several traces: the i-th of each tuple covers one key range.
+
+    Snapshot mode (``changes=None``): counts accumulated at ``at``. Changes mode
+    (``changes=(since, upto)``): consolidated updates in that time interval. Steps where
+    every trace is empty are skipped.
+    """
+    batches, tags = [], []
+    for i, t in enumerate(traces):
+        if changes is None:
+            t._check_read_time(at)
+        bs = t.spine.batches()
+        batches += bs
+        tags += [i] * len(bs)
+    ctx = traces[0].ctx
+    reader = MergedReader(batches, ctx, tags, window_rows)
+    for step in reader:
+        out = []
+        for i, t in enumerate(traces):
+            upd = step_updates(step, i)
+            if upd is None:
+                out.append(empty_block(t.key_schema, t.val_schema, changes is not None))
+            elif changes is None:
+                out.append(_snapshot_block(upd, at))
+            else:
+                out.append(_changes_block(upd, *changes))
+        if any(len(b) for b in out):
+            yield tuple(out)
+
+
+def blocks(trace, at: int | None = None, changes: tuple[int, int | None] | None = None,
+           window_rows: int | None = None) -> Iterator[Block]:
+    """Blocks of one trace, in key order (see :func:`co_blocks`)."""
+    for (b,) in co_blocks([trace], at, changes, window_rows):
+        yield b

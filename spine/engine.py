@@ -1,0 +1,75 @@
+"""Engine: one memory budget, one spill directory, and the traces arranged under them.
+
+Design
+------
+The engine is what a user (or a Spark task) mounts: it creates the budget
+(:class:`arrangedb.pager.MemoryBudget`) and a private spill directory, derives part and
+window sizes from the budget, and arranges data into traces. Closing it drops every
+trace and removes its spill directory.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from arrangedb.pager import MemoryBudget, SpillDirectory
+from arrangedb.spine.context import StorageContext
+from arrangedb.spine.ingest import Columns, open_batches, target_schemas
+from arrangedb.spine.trace import Trace
+
+
+class Engine:
+    def __init__(self, spill_dir=None, memory_budget="1GiB", codec: str = "auto"):
+        self.budget = MemoryBudget(memory_budget)
+        try:
+            self.spill = SpillDirectory(spill_dir)
+        except BaseException:
+            self.budget.close()
+            raise
+        self.ctx = StorageContext.for_budget(self.budget, self.spill, codec)
+        self._traces: list[Trace] = []
+        self._closed = False
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def arrange(self, data, key, vals=None, time=None, diff=None, name=None) -> Trace:
+        """Arrange ``data`` by ``key``: sorted runs within the budget, spilled and merged."""
+        if self._closed:
+            raise RuntimeError("the engine is closed")
+        schema, stream = open_batches(data)
+        cols = Columns.resolve(schema, key, vals, time, diff)
+        key_schema, val_schema = target_schemas(schema, cols)
+        trace = Trace(self.ctx, key_schema, val_schema, cols, name)
+        reader = pa.RecordBatchReader.from_batches(schema, stream)
+        batch = trace._build(reader, cols.time, cols.diff)
+        trace.spine.insert(batch)
+        self._traces.append(trace)
+        return trace
+
+    def stats(self) -> dict:
+        b = self.budget.stats()
+        return {
+            "memory_budget": self.budget.limit,
+            "held_bytes": self.budget.held,
+            "peak_held_bytes": self.budget.peak_held,
+            "peak_rss_bytes": self.budget.peak_rss,
+            "baseline_rss_bytes": self.budget.baseline_rss,
+            "bytes_spilled": self.spill.bytes_written,
+            "bytes_on_disk": self.spill.bytes_on_disk,
+            "spill_dir": str(self.spill.path),
+            "budget": b,
+        }
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for t in self._traces:
+            t.close()
+        self._traces.clear()
+        self.spill.close()
+        self.budget.close()

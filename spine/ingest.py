@@ -1,0 +1,222 @@
+"""Ingest: user data in (tables, readers, iterables of batches, Parquet), updates out.
+
+Design
+------
+Everything a user can hand to ``arrange`` or ``insert`` becomes one stream of Arrow
+record batches, checked against the arrangement's schema *before* anything is stored:
+column names, key types, time/diff types, nulls in keys, negative times. Each checked
+batch becomes :class:`Updates` (times u64, diffs i64).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from arrangedb.spine.updates import Updates
+
+
+class SchemaError(ValueError):
+    """Input that does not fit the arrangement: missing columns, wrong types, nulls."""
+
+
+def _is_supported_key(t: pa.DataType) -> bool:
+    return (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+            or pa.types.is_temporal(t) or pa.types.is_string(t) or pa.types.is_binary(t)
+            or pa.types.is_large_string(t) or pa.types.is_large_binary(t)
+            or pa.types.is_decimal(t))
+
+
+def _is_supported_val(t: pa.DataType) -> bool:
+    return _is_supported_key(t) or pa.types.is_null(t)
+
+
+def open_batches(data) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    """The schema and a stream of record batches of any supported input."""
+    if isinstance(data, pa.Table):
+        return data.schema, iter(data.to_batches(max_chunksize=1 << 16))
+    if isinstance(data, pa.RecordBatch):
+        return data.schema, iter([data])
+    if isinstance(data, pa.RecordBatchReader):
+        return data.schema, iter(data)
+    if isinstance(data, (str, os.PathLike)):
+        path = os.fspath(data)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"Parquet input {path!r} does not exist")
+        if os.path.isdir(path):
+            import pyarrow.dataset as ds
+
+            dataset = ds.dataset(path, format="parquet")
+            return dataset.schema, iter(dataset.to_batches(batch_size=1 << 16))
+        pf = pq.ParquetFile(path)
+        return pf.schema_arrow, pf.iter_batches(batch_size=1 << 16)
+    if isinstance(data, Iterable):
+        it = iter(data)
+        first = next(it, None)
+        if first is None:
+            raise SchemaError("the input iterable yielded no record batch, so it has no schema")
+        if isinstance(first, pa.Table):
+            first_batches = first.to_batches()
+            schema = first.schema
+
+            def gen():
+                yield from first_batches
+                for t in it:
+                    yield from (t.to_batches() if isinstance(t, pa.Table) else [t])
+            return schema, gen()
+        if not isinstance(first, pa.RecordBatch):
+            raise SchemaError(f"expected pyarrow RecordBatches, got {type(first).__name__}")
+
+        def chain():
+            yield first
+            yield from it
+        return first.schema, chain()
+    raise SchemaError(
+        f"unsupported input {type(data).__name__}: pass a pyarrow Table, RecordBatch, "
+        "RecordBatchReader, an iterable of RecordBatches, or a Parquet path")
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Which input columns play which role."""
+
+    key: list[str]
+    vals: list[str] | None        # None: key-only arrangement
+    time: str | None
+    diff: str | None
+
+    @staticmethod
+    def resolve(schema: pa.Schema, key, vals, time, diff) -> "Columns":
+        if isinstance(key, str):
+            key = [key]
+        key = list(key or [])
+        if not key:
+            raise SchemaError("an arrangement needs at least one key column")
+        names = schema.names
+        for role, col in [("key", c) for c in key] + [("time", time), ("diff", diff)]:
+            if col is not None and col not in names:
+                raise SchemaError(f"{role} column {col!r} is not in the input "
+                                  f"(columns: {', '.join(names)})")
+        if vals is None:
+            vals = [c for c in names if c not in key and c not in (time, diff)]
+        else:
+            vals = [vals] if isinstance(vals, str) else list(vals)
+            for c in vals:
+                if c not in names:
+                    raise SchemaError(f"val column {c!r} is not in the input "
+                                      f"(columns: {', '.join(names)})")
+        for c in key:
+            t = schema.field(c).type
+            if pa.types.is_dictionary(t):
+                t = t.value_type
+            if not _is_supported_key(t):
+                raise SchemaError(f"key column {c!r} has type {t}, which cannot be a key "
+                                  "(use integers, floats, booleans, dates/timestamps, strings, "
+                                  "binaries or decimals)")
+        for c in vals:
+            t = schema.field(c).type
+            if pa.types.is_dictionary(t):
+                t = t.value_type
+            if not _is_supported_val(t):
+                raise SchemaError(f"val column {c!r} has type {t}, which arrangedb cannot store")
+        if time is not None and not pa.types.is_integer(schema.field(time).type):
+            raise SchemaError(f"time column {time!r} must hold integers, not "
+                              f"{schema.field(time).type}")
+        if diff is not None and not pa.types.is_integer(schema.field(diff).type):
+            raise SchemaError(f"diff column {diff!r} must hold integers, not "
+                              f"{schema.field(diff).type}")
+        overlap = set(key) & set(vals)
+        if overlap:
+            raise SchemaError(f"columns {sorted(overlap)} cannot be both key and val")
+        return Columns(key, vals if vals else None, time, diff)
+
+
+def _plain(col: pa.Array | pa.ChunkedArray) -> pa.Array:
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    if pa.types.is_dictionary(col.type):
+        col = col.dictionary_decode()
+    return col
+
+
+def target_schemas(schema: pa.Schema, cols: Columns) -> tuple[pa.Schema, pa.Schema | None]:
+    def field(c):
+        f = schema.field(c)
+        t = f.type.value_type if pa.types.is_dictionary(f.type) else f.type
+        return pa.field(c, t)
+
+    key_schema = pa.schema([field(c) for c in cols.key])
+    val_schema = pa.schema([field(c) for c in cols.vals]) if cols.vals else None
+    return key_schema, val_schema
+
+
+def to_updates(batch: pa.RecordBatch, cols: Columns, key_schema: pa.Schema,
+               val_schema: pa.Schema | None, default_time: int = 0,
+               default_diff: int = 1) -> Updates:
+    """Check one input batch and turn it into updates (not yet sorted)."""
+    n = batch.num_rows
+    missing = [c for c in cols.key + (cols.vals or []) if c not in batch.schema.names]
+    if missing:
+        raise SchemaError(f"input batch lacks column(s) {missing}")
+    keys = []
+    for f in key_schema:
+        col = _plain(batch.column(f.name))
+        if col.null_count:
+            raise SchemaError(f"key column {f.name!r} holds {col.null_count} null(s); "
+                              "keys may not be null (filter them out, or fill them)")
+        if col.type != f.type:
+            try:
+                col = col.cast(f.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                raise SchemaError(f"key column {f.name!r} has type {col.type}, the "
+                                  f"arrangement's is {f.type}") from e
+        keys.append(col)
+    vals = None
+    if val_schema is not None:
+        arrays = []
+        for f in val_schema:
+            col = _plain(batch.column(f.name))
+            if col.type != f.type:
+                try:
+                    col = col.cast(f.type)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                    raise SchemaError(f"val column {f.name!r} has type {col.type}, the "
+                                      f"arrangement's is {f.type}") from e
+            arrays.append(col)
+        vals = pa.Table.from_arrays(arrays, schema=val_schema)
+    times = _times(batch, cols.time, n, default_time)
+    diffs = _diffs(batch, cols.diff, n, default_diff)
+    return Updates(pa.Table.from_arrays(keys, schema=key_schema), vals, times, diffs)
+
+
+def _times(batch, name, n, default) -> np.ndarray:
+    if name is None:
+        return np.full(n, default, dtype=np.uint64)
+    col = _plain(batch.column(name))
+    if not pa.types.is_integer(col.type):
+        raise SchemaError(f"time column {name!r} must hold integers, not {col.type}")
+    if col.null_count:
+        raise SchemaError(f"time column {name!r} holds null(s)")
+    if pa.types.is_signed_integer(col.type) and n and pc.min(col).as_py() < 0:
+        raise SchemaError(f"time column {name!r} holds negative times "
+                          f"(min {pc.min(col).as_py()}); times are unsigned")
+    return col.to_numpy().astype(np.uint64, copy=False)
+
+
+def _diffs(batch, name, n, default) -> np.ndarray:
+    if name is None:
+        return np.full(n, default, dtype=np.int64)
+    col = _plain(batch.column(name))
+    if not pa.types.is_integer(col.type):
+        raise SchemaError(f"diff column {name!r} must hold integers, not {col.type}")
+    if col.null_count:
+        raise SchemaError(f"diff column {name!r} holds null(s)")
+    if col.type == pa.uint64() and n and pc.max(col).as_py() > np.iinfo(np.int64).max:
+        raise SchemaError(f"diff column {name!r} holds values beyond int64")
+    return col.to_numpy().astype(np.int64, copy=False)

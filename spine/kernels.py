@@ -1,0 +1,135 @@
+"""Vectorized kernels over :class:`Updates`: one named function per operation.
+
+Every function here runs in numpy/pyarrow kernels over whole arrays; none loops over
+records in Python.
+
+Mathematics
+-----------
+The accumulation of ``(k, v)`` at time ``t`` is ``sum(diff for (k, v, s, diff) if s <= t)``.
+Advancing a time ``s`` to a frontier ``f`` (logical compaction) replaces it by
+``max(s, f)``; this preserves every accumulation at times ``t >= f``, which is why a
+trace compacted to ``f`` can still answer any read at ``t >= f`` exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from arrangedb.spine.order import codes, row_starts, sort_order
+from arrangedb.spine.updates import Updates
+
+
+def _key_val_codes(upd: Updates) -> tuple[np.ndarray, np.ndarray | None]:
+    kc = codes([upd.keys], upd.keys.column_names)[0]
+    if upd.vals is None or upd.vals.num_columns == 0:
+        return kc, None
+    return kc, codes([upd.vals], upd.vals.column_names)[0]
+
+
+def _indices(idx: np.ndarray, n: int) -> np.ndarray | None:
+    """None when ``idx`` is the identity permutation of ``range(n)`` (skip the take)."""
+    if len(idx) == n and (n == 0 or (idx[0] == 0 and idx[-1] == n - 1 and
+                                      np.all(idx[1:] > idx[:-1]))):
+        return None
+    return idx
+
+
+def consolidate(upd: Updates, since: int | None = None) -> Updates:
+    """Sort by (key, val, time), sum diffs of equal rows, drop zero sums.
+
+    With ``since``, times are first advanced to ``max(time, since)`` (logical compaction).
+    Input in any order; concatenated sorted runs are merged in linear time by the stable
+    sort when the key is a single fixed-width column.
+    """
+    n = len(upd)
+    if n == 0:
+        return upd
+    times = upd.times
+    if since:
+        times = np.maximum(times, np.uint64(since))
+    kc, vc = _key_val_codes(upd)
+    constant_time = times[0] == times[-1] and np.all(times == times[0])
+    order = sort_order(kc, vc, None if constant_time else times)
+    kc_s = kc[order]
+    parts = [kc_s]
+    if vc is not None:
+        parts.append(vc[order])
+    t_s = times[order]
+    if not constant_time:
+        parts.append(t_s)
+    starts = row_starts(*parts)
+    d_s = upd.diffs[order]
+    if len(starts) == n:
+        sums = d_s
+    else:
+        sums = np.add.reduceat(d_s, starts)
+    keep = np.flatnonzero(sums != 0)
+    rows = order[starts[keep]]
+    taken = _indices(rows, n)
+    base = upd if taken is None else upd.take(taken)
+    return Updates(base.keys, base.vals, t_s[starts[keep]], sums[keep])
+
+
+def accumulate(upd: Updates, at: int | None) -> tuple[pa.Table, pa.Table | None, np.ndarray]:
+    """Consolidated counts per (key, val) at time ``at`` (None: every time), sorted.
+
+    Returns ``(keys, vals, counts)`` with one row per (key, val) whose count is nonzero.
+    """
+    if at is not None and len(upd):
+        mask = upd.times <= np.uint64(at)
+        if not mask.all():
+            upd = upd.take(np.flatnonzero(mask))
+    n = len(upd)
+    if n == 0:
+        return upd.keys, upd.vals, upd.diffs
+    kc, vc = _key_val_codes(upd)
+    order = sort_order(kc, vc)
+    parts = [kc[order]] if vc is None else [kc[order], vc[order]]
+    starts = row_starts(*parts)
+    d_s = upd.diffs[order]
+    sums = d_s if len(starts) == n else np.add.reduceat(d_s, starts)
+    keep = np.flatnonzero(sums != 0)
+    rows = order[starts[keep]]
+    taken = _indices(rows, n)
+    base = upd if taken is None else upd.take(taken)
+    return base.keys, base.vals, sums[keep]
+
+
+def filter_times(upd: Updates, since: int, upto: int | None) -> Updates:
+    """Rows with ``since <= time < upto`` (upto None: unbounded)."""
+    mask = upd.times >= np.uint64(since)
+    if upto is not None:
+        mask &= upd.times < np.uint64(upto)
+    if mask.all():
+        return upd
+    return upd.take(np.flatnonzero(mask))
+
+
+def count_through(sorted_keys: pa.Table, bound: pa.Table) -> int:
+    """How many leading rows of ``sorted_keys`` have a key <= the single row of ``bound``."""
+    if sorted_keys.num_rows == 0:
+        return 0
+    names = sorted_keys.column_names
+    kc, bc = codes([sorted_keys, bound.rename_columns(names)], names)
+    return int(np.searchsorted(kc, bc[0], side="right"))
+
+
+def smallest_last_key(tables: list[pa.Table]) -> int:
+    """Index (into ``tables``) of the table whose *last* row holds the smallest key.
+
+    Used to pick the bound of a window: the smallest of the windows' last keys, so that
+    every source can be cut through it without leaving a key half read.
+    """
+    names = tables[0].column_names
+    lasts = [t.slice(t.num_rows - 1, 1).rename_columns(names) for t in tables]
+    cs = codes(lasts, names)
+    return int(np.argmin([c[0] for c in cs]))
+
+
+def key_starts(keys: pa.Table) -> np.ndarray:
+    """Indices where a new key starts in key-sorted rows, plus the end (len n+1)."""
+    n = keys.num_rows
+    kc = codes([keys], keys.column_names)[0]
+    starts = row_starts(kc)
+    return np.append(starts, n).astype(np.int64)

@@ -1,0 +1,139 @@
+"""The seeds' batch layout: keys, key_bounds, vals, val_bounds, times, diffs.
+
+Design
+------
+A sorted, consolidated run of updates is stored with each key once and each (key, val)
+once::
+
+    keys        distinct keys, sorted                       (Arrow table)
+    key_bounds  where each key's vals start, into vals      (offsets, len nkeys + 1)
+    vals        vals, sorted within each key                (Arrow table)
+    val_bounds  where each val's updates start              (offsets, len nvals + 1)
+    times       u64
+    diffs       i64
+
+Key-only arrangements have no ``vals``: ``key_bounds`` points straight into the updates
+and ``val_bounds`` is absent.
+
+Singleton compression (as in differential dataflow's ``ord_neu``): a val (or key, when
+key-only) whose only update equals the previous one's only update stores nothing: its
+bound repeats (``bounds[i + 1] == bounds[i]``), meaning "reuse the update before". A
+snapshot of distinct rows therefore stores a single ``(0, +1)`` and a bounds list
+``0, 1, 1, ..., 1``, which the offsets codec keeps in O(1) bytes.
+
+Invariants
+----------
+- Offset lists are one longer than their parent, start at 0, and are non-decreasing.
+- ``bounds[i + 1] == bounds[i]`` only when ``i > 0`` or the run reuses nothing: the first
+  val of a part always stores its own update.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from arrangedb.spine.order import codes, row_starts
+from arrangedb.spine.updates import Updates
+
+
+@dataclass(frozen=True)
+class PartLayout:
+    keys: pa.Table
+    key_bounds: np.ndarray
+    vals: pa.Table | None
+    val_bounds: np.ndarray | None
+    times: np.ndarray
+    diffs: np.ndarray
+
+    @property
+    def num_updates(self) -> int:
+        """Logical updates, singleton-compressed ones included."""
+        leaves = self.val_bounds if self.vals is not None else self.key_bounds
+        return int(_expanded_counts(leaves).sum())
+
+
+def _compress_singletons(starts: np.ndarray, n: int, times: np.ndarray,
+                         diffs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Bounds for leaves starting at ``starts`` (into n updates), and which updates to keep."""
+    counts = np.diff(np.append(starts, n))
+    single = counts == 1
+    t_first, d_first = times[starts], diffs[starts]
+    same_as_prev = np.zeros(len(starts), dtype=bool)
+    if len(starts) > 1:
+        same_as_prev[1:] = (single[1:] & single[:-1] & (t_first[1:] == t_first[:-1])
+                            & (d_first[1:] == d_first[:-1]))
+    keep = np.ones(n, dtype=bool)
+    keep[starts[same_as_prev]] = False
+    stored = np.where(same_as_prev, 0, counts)
+    bounds = np.zeros(len(starts) + 1, dtype=np.uint64)
+    np.cumsum(stored, out=bounds[1:])
+    return bounds, keep
+
+
+def _expanded_counts(bounds: np.ndarray) -> np.ndarray:
+    counts = np.diff(bounds.astype(np.int64))
+    return np.where(counts == 0, 1, counts)
+
+
+def to_layout(upd: Updates) -> PartLayout:
+    """Compact a sorted, consolidated run into the seeds' layout."""
+    n = len(upd)
+    kc = codes([upd.keys], upd.keys.column_names)[0]
+    kstarts = row_starts(kc)
+    if upd.vals is None:
+        bounds, keep = _compress_singletons(kstarts, n, upd.times, upd.diffs)
+        keys = upd.keys.take(kstarts) if len(kstarts) != n else upd.keys
+        return PartLayout(keys, bounds, None, None, upd.times[keep], upd.diffs[keep])
+    vc = codes([upd.vals], upd.vals.column_names)[0]
+    vstarts = row_starts(kc, vc)
+    bounds, keep = _compress_singletons(vstarts, n, upd.times, upd.diffs)
+    key_bounds = np.searchsorted(vstarts, np.append(kstarts, n)).astype(np.uint64)
+    keys = upd.keys.take(kstarts) if len(kstarts) != n else upd.keys
+    vals = upd.vals.take(vstarts) if len(vstarts) != n else upd.vals
+    return PartLayout(keys, key_bounds, vals, bounds, upd.times[keep], upd.diffs[keep])
+
+
+def _leaf_update_index(bounds: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+    """For each logical update, the index of its stored (time, diff); and per-leaf counts."""
+    b = bounds.astype(np.int64)
+    stored = np.diff(b)
+    counts = np.where(stored == 0, 1, stored)
+    if np.all(stored == 1):
+        return None, counts  # identity
+    starts = np.where(stored == 0, b[:-1] - 1, b[:-1])
+    total = int(counts.sum())
+    run_start = np.zeros(len(counts), dtype=np.int64)
+    np.cumsum(counts[:-1], out=run_start[1:])
+    idx = np.arange(total, dtype=np.int64) + np.repeat(starts - run_start, counts)
+    return idx, counts
+
+
+def _repeat_rows(table: pa.Table, counts: np.ndarray) -> pa.Table:
+    if np.all(counts == 1):
+        return table
+    return table.take(np.repeat(np.arange(table.num_rows, dtype=np.int64), counts))
+
+
+def from_layout(part: PartLayout) -> Updates:
+    """Expand the layout back into one row per update (the inverse of ``to_layout``)."""
+    leaves = part.val_bounds if part.vals is not None else part.key_bounds
+    idx, leaf_counts = _leaf_update_index(leaves)
+    if idx is None:
+        times, diffs = part.times, part.diffs
+    elif len(part.times) == 1:
+        times = np.full(len(idx), part.times[0], dtype=np.uint64)
+        diffs = np.full(len(idx), part.diffs[0], dtype=np.int64)
+    else:
+        times, diffs = part.times[idx], part.diffs[idx]
+    if part.vals is None:
+        return Updates(_repeat_rows(part.keys, leaf_counts), None, times, diffs)
+    vals = _repeat_rows(part.vals, leaf_counts)
+    # updates per key = sum of its vals' update counts
+    kb = part.key_bounds.astype(np.int64)
+    leaf_end = np.zeros(len(leaf_counts) + 1, dtype=np.int64)
+    np.cumsum(leaf_counts, out=leaf_end[1:])
+    per_key = np.diff(leaf_end[kb])
+    return Updates(_repeat_rows(part.keys, per_key), vals, times, diffs)

@@ -1,0 +1,66 @@
+"""Merger: merges batches a bit at a time (``work(fuel)``), compacting as it goes.
+
+Design
+------
+A merger owns a :class:`MergedReader` over its input batches and a :class:`Builder`
+for the output. ``work(fuel)`` runs merge steps -- each a key range holding all of its
+keys' updates from every input -- consolidating each step with times advanced to the
+merge's ``since`` (logical compaction), until the fuel (counted in input updates) is
+spent. No caller ever pays for a whole merge at once; a step may overshoot the fuel by
+at most one window, which is carried as debt.
+
+Invariants
+----------
+- The output holds exactly the consolidated sum of the inputs with times advanced to
+  ``since``: every accumulation at times ``>= since`` is unchanged.
+- Inputs stay readable until the merge is done; the output is visible only then.
+"""
+
+from __future__ import annotations
+
+from arrangedb.spine.batch import Batch
+from arrangedb.spine.builder import Builder
+from arrangedb.spine.context import StorageContext
+from arrangedb.spine.description import Description
+from arrangedb.spine.kernels import consolidate
+from arrangedb.spine.reader import MergedReader, step_updates
+
+
+class Merger:
+    def __init__(self, batches: list[Batch], since: int, ctx: StorageContext):
+        self.inputs = batches
+        self.since = since
+        self.ctx = ctx
+        first = batches[0]
+        self._builder = Builder(ctx, first.key_schema, first.val_schema)
+        self._steps = iter(MergedReader(batches, ctx))
+        self._result: Batch | None = None
+        self.remaining = sum(len(b) for b in batches)
+
+    @property
+    def done(self) -> bool:
+        return self._result is not None
+
+    def work(self, fuel: int) -> int:
+        """Spend up to ``fuel`` units (input updates); return what is left (may be < 0)."""
+        while fuel > 0 and self._result is None:
+            step = next(self._steps, None)
+            if step is None:
+                desc = Description.covering([b.description for b in self.inputs], self.since)
+                self._result = self._builder.done(self.since, desc.lower, desc.upper)
+                break
+            upd = step_updates(step)
+            n = len(upd)
+            self._builder.push(consolidate(upd, self.since))
+            fuel -= n
+            self.remaining -= n
+        return fuel
+
+    def finish(self) -> Batch:
+        while not self.done:
+            self.work(1 << 62)
+        return self._result
+
+    def result(self) -> Batch:
+        assert self._result is not None, "merge not done"
+        return self._result

@@ -1,0 +1,127 @@
+"""Parts: the key-range slices a batch is made of, resident or in a page file.
+
+Design
+------
+A batch is a sequence of parts with increasing, disjoint key ranges; a key never spans
+two parts. Each part is one :class:`PartLayout` (the seeds' layout). A part is either
+held in memory (``MemoryPart``) or stored as regions of the batch's page file
+(``PagedPart``), one region per buffer of each encoded column, named
+``p<index>/<field>.<buffer>``. A part keeps its first and last key in memory, so that
+searches find the parts to touch without reading any.
+
+Reading a part decodes it into :class:`Updates` plus ``key_starts`` (where each key's
+rows begin), which readers use to cut windows at key boundaries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from arrangedb.spine.layout import PartLayout, from_layout
+from arrangedb.spine.updates import Updates
+
+_FIELDS = ("keys", "key_bounds", "vals", "val_bounds", "times", "diffs")
+
+
+def payload_bytes(table: pa.Table | None) -> int:
+    """Bytes of key/val data proper: values of fixed-width columns, bytes of strings."""
+    if table is None:
+        return 0
+    total = 0
+    for col in table.columns:
+        t = col.type
+        if pa.types.is_binary(t) or pa.types.is_string(t) or \
+                pa.types.is_large_binary(t) or pa.types.is_large_string(t):
+            total += int(sum(_value_bytes(c) for c in col.chunks))
+        elif pa.types.is_boolean(t):
+            total += (len(col) + 7) // 8
+        else:
+            total += len(col) * (t.bit_width // 8)
+    return total
+
+
+def _value_bytes(chunk: pa.Array) -> int:
+    if len(chunk) == 0:
+        return 0
+    offs = np.frombuffer(chunk.buffers()[1], dtype=np.int64 if chunk.type in
+                         (pa.large_binary(), pa.large_string()) else np.int32)
+    return int(offs[chunk.offset + len(chunk)] - offs[chunk.offset])
+
+
+def key_starts_of(layout: PartLayout) -> np.ndarray:
+    """Row index (in the expanded updates) where each key starts, plus the end."""
+    leaves = layout.val_bounds if layout.vals is not None else layout.key_bounds
+    stored = np.diff(leaves.astype(np.int64))
+    leaf_counts = np.where(stored == 0, 1, stored)
+    leaf_end = np.zeros(len(leaf_counts) + 1, dtype=np.int64)
+    np.cumsum(leaf_counts, out=leaf_end[1:])
+    if layout.vals is None:
+        return leaf_end
+    return leaf_end[layout.key_bounds.astype(np.int64)]
+
+
+@dataclass
+class Part:
+    num_updates: int
+    num_keys: int
+    first_key: pa.Table
+    last_key: pa.Table
+    payload: int
+    stored: int
+
+    def layout(self) -> PartLayout:
+        raise NotImplementedError
+
+    def read(self) -> tuple[Updates, np.ndarray]:
+        layout = self.layout()
+        return from_layout(layout), key_starts_of(layout)
+
+    def release(self) -> None:
+        """Let go of resident bytes once a reader has finished with this part."""
+
+
+@dataclass
+class MemoryPart(Part):
+    data: PartLayout = field(default=None, repr=False)
+
+    def layout(self) -> PartLayout:
+        return self.data
+
+
+@dataclass
+class PagedPart(Part):
+    """A part whose columns are regions of a page file, decoded on demand."""
+
+    pagefile: object = field(default=None, repr=False)
+    columns: dict = field(default_factory=dict, repr=False)  # field -> list of region names
+    schemas: tuple = field(default=(None, None), repr=False)
+
+    def layout(self) -> PartLayout:
+        from arrangedb.spine.storage import decode_column  # storage imports part
+
+        cols = {}
+        for name in _FIELDS:
+            groups = self.columns.get(name)
+            if groups is None:
+                cols[name] = None
+                continue
+            arrays = [decode_column(self.pagefile, g) for g in groups]
+            cols[name] = arrays if name in ("keys", "vals") else arrays[0]
+        key_schema, val_schema = self.schemas
+        keys = _table(cols["keys"], key_schema)
+        vals = _table(cols["vals"], val_schema) if val_schema is not None else None
+        return PartLayout(keys, cols["key_bounds"], vals, cols["val_bounds"],
+                          cols["times"], cols["diffs"])
+
+    def release(self) -> None:
+        for regions in self.columns.values():
+            for group in regions:
+                for r in group["regions"]:
+                    self.pagefile.release(r)
+
+
+def _table(columns: list | None, schema: pa.Schema) -> pa.Table:
+    return pa.Table.from_arrays(columns, schema=schema)

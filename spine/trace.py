@@ -1,0 +1,405 @@
+"""Trace: an arrangement -- the public face of a spine of batches -- and its handles.
+
+Design
+------
+A trace owns a :class:`Spine`. Writes (``arrange``'s initial load and ``insert``) build
+sorted runs within the memory budget, merge them into one batch, and hand that batch to
+the spine, which merges it in over later inserts, fueled. Reads (``snapshot``,
+``lookup``, ``changes``, cursors) take the list of batches at the time of the call and
+walk them in key order with a merged reader; batches are immutable, so a read in
+progress is unaffected by later writes.
+
+Handles share the trace: each holds a logical frontier (history it still needs) and
+optionally a physical one (batch boundaries it still needs). The trace compacts only
+to the minimum of its live handles' frontiers; closing or dropping a handle releases
+its hold. A read at a time before the logical frontier is refused: those times have
+been advanced and the answer would be wrong.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+import pyarrow as pa
+
+from arrangedb.spine.batch import Batch
+from arrangedb.spine.builder import Builder
+from arrangedb.spine.context import StorageContext
+from arrangedb.spine.cursor import blocks
+from arrangedb.spine.ingest import Columns, SchemaError, open_batches, to_updates
+from arrangedb.spine.kernels import accumulate, consolidate
+from arrangedb.spine.merger import Merger
+from arrangedb.spine.order import codes, sort_order
+from arrangedb.spine.reader import seek_parts
+from arrangedb.spine.spine import Spine
+from arrangedb.spine.updates import Updates
+
+_MERGE_FAN_IN = 16
+
+
+class Trace:
+    def __init__(self, ctx: StorageContext, key_schema: pa.Schema, val_schema: pa.Schema | None,
+                 columns: Columns, name: str | None = None):
+        self.ctx = ctx
+        self.key_schema = key_schema
+        self.val_schema = val_schema
+        self.columns = columns
+        self.name = name
+        self.spine = Spine(ctx)
+        self._handles: list[weakref.ref] = []
+        self._closed = False
+
+    # -- schema ------------------------------------------------------------------------
+    @property
+    def key_names(self) -> list[str]:
+        return self.key_schema.names
+
+    @property
+    def val_names(self) -> list[str]:
+        return self.val_schema.names if self.val_schema is not None else []
+
+    @property
+    def since(self) -> int:
+        """The logical compaction frontier: reads at times before it are refused."""
+        return self.spine.since
+
+    def __repr__(self) -> str:
+        return (f"Trace({self.name or ''} key={self.key_names} vals={self.val_names}, "
+                f"{len(self.spine.batches())} batches)")
+
+    # -- writing -----------------------------------------------------------------------
+    def insert(self, data, time: str | None = None, diff: str | None = None) -> None:
+        """Add updates; ``time``/``diff`` name their columns (default: those of arrange)."""
+        self._check_open()
+        batch = self._build(data, time if time is not None else self.columns.time,
+                            diff if diff is not None else self.columns.diff)
+        self.spine.insert(batch)
+
+    def _build(self, data, time: str | None, diff: str | None) -> Batch:
+        """Sorted runs within the budget, merged into one batch; the spine is untouched."""
+        schema, stream = open_batches(data)
+        Columns.resolve(schema, self.key_names, self.val_names, time, diff)  # fail early
+        cols = Columns(self.key_names, self.val_names or None, time, diff)
+        run_bytes = max(self.ctx.part_bytes, (self.ctx.budget.limit // 6)
+                        if self.ctx.budget is not None else 256 << 20)
+        runs: list[Batch] = []
+        buffered: list[Updates] = []
+        size = 0
+        try:
+            for rb in stream:
+                if rb.num_rows == 0:
+                    continue
+                upd = to_updates(rb, cols, self.key_schema, self.val_schema)
+                self.ctx.reserve(upd.nbytes, "ingest buffer")
+                buffered.append(upd)
+                size += upd.nbytes
+                if size >= run_bytes:
+                    runs.append(self._seal_run(buffered))
+                    self.ctx.release(size)
+                    buffered, size = [], 0
+            if buffered:
+                runs.append(self._seal_run(buffered))
+        finally:
+            self.ctx.release(size)
+        return self._merge_runs(runs)
+
+    def _seal_run(self, buffered: list[Updates]) -> Batch:
+        run = consolidate(Updates.concat(buffered))
+        buffered.clear()
+        builder = Builder(self.ctx, self.key_schema, self.val_schema)
+        builder.push(run)
+        return builder.done()
+
+    def _merge_runs(self, runs: list[Batch]) -> Batch:
+        runs = [r for r in runs if len(r)]
+        if not runs:
+            return Builder(self.ctx, self.key_schema, self.val_schema).done()
+        while len(runs) > 1:
+            runs = [Merger(runs[i:i + _MERGE_FAN_IN], 0, self.ctx).finish()
+                    if len(runs[i:i + _MERGE_FAN_IN]) > 1 else runs[i]
+                    for i in range(0, len(runs), _MERGE_FAN_IN)]
+        return runs[0]
+
+    def exert(self, fuel: int) -> None:
+        """Spend ``fuel`` units of extra merge work (e.g. while idle)."""
+        self._check_open()
+        self.spine.exert(int(fuel))
+
+    def merge_all(self) -> None:
+        """Finish every merge: leaves one batch (handy before many reads)."""
+        self.spine.merge_all()
+
+    # -- handles and compaction --------------------------------------------------------
+    def handle(self) -> "TraceHandle":
+        """A shared reader handle, holding the trace's history from its current frontier."""
+        self._check_open()
+        h = TraceHandle(self)
+        self._handles.append(weakref.ref(h))
+        return h
+
+    def _live_handles(self) -> list["TraceHandle"]:
+        live = [r() for r in self._handles]
+        live = [h for h in live if h is not None and not h.closed]
+        self._handles = [weakref.ref(h) for h in live]
+        return live
+
+    def _update_frontiers(self) -> None:
+        live = self._live_handles()
+        if live:
+            logical = min(h.logical for h in live)
+            if logical > self.spine.since:
+                self.spine.since = logical
+        physical = [h.physical for h in live if h.physical is not None]
+        self.spine.set_physical(min(physical) if physical else None)
+
+    # -- reading -----------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"{self!r} is closed")
+
+    def _check_read_time(self, at: int | None) -> None:
+        self._check_open()
+        if at is not None and at < 0:
+            raise ValueError(f"at={at}: times are unsigned")
+        if at is not None and at < self.spine.since:
+            raise ValueError(f"at={at} is before the trace's logical compaction frontier "
+                             f"{self.spine.since}: those times have been compacted away")
+
+    def _output_schema(self, *extra: pa.Field) -> pa.Schema:
+        fields = list(self.key_schema)
+        if self.val_schema is not None:
+            fields += list(self.val_schema)
+        return pa.schema(fields + list(extra))
+
+    def snapshot(self, at: int | None = None) -> pa.RecordBatchReader:
+        """Key, vals and ``count`` (sum of diffs with time <= at; zeros dropped), key order."""
+        self._check_read_time(at)
+        schema = self._output_schema(pa.field("count", pa.int64()))
+
+        def gen():
+            for b in blocks(self, at=at):
+                yield _record_batch(schema, b.row_keys(), b.vals, [b.counts])
+        return pa.RecordBatchReader.from_batches(schema, gen())
+
+    def changes(self, since: int, upto: int | None = None) -> pa.RecordBatchReader:
+        """Consolidated updates with ``since <= time < upto``: key, vals, time, diff."""
+        self._check_open()
+        frontier = self.spine.since
+        if frontier and (since and since < frontier or upto is not None and upto <= frontier):
+            raise ValueError(f"changes({since}, {upto}) reaches before the logical compaction "
+                             f"frontier {frontier}: those times have been compacted away")
+        schema = self._output_schema(pa.field("time", pa.uint64()), pa.field("diff", pa.int64()))
+
+        def gen():
+            for b in blocks(self, changes=(since, upto)):
+                yield _record_batch(schema, b.row_keys(), b.vals, [b.times, b.counts])
+        return pa.RecordBatchReader.from_batches(schema, gen())
+
+    def cursor(self, at: int | None = None, changes=None, window_rows: int | None = None):
+        """Blocks of consecutive keys (see :mod:`arrangedb.spine.cursor`)."""
+        return blocks(self, at=at, changes=changes, window_rows=window_rows)
+
+    def lookup(self, keys, at: int | None = None) -> pa.Table:
+        """Rows for a batch of keys: query_index, key, vals, count (sorted once, walked in order)."""
+        self._check_read_time(at)
+        queries = _key_table(keys, self.key_schema)
+        schema = self._output_schema(pa.field("count", pa.int64()))
+        schema = pa.schema([pa.field("query_index", pa.int64())] + list(schema))
+        n = queries.num_rows
+        if n == 0:
+            return schema.empty_table()
+        qc = codes([queries], self.key_names)[0]
+        order = sort_order(qc)
+        sorted_q = queries.take(order)
+        sq = qc[order]
+        first = np.ones(n, dtype=bool)
+        first[1:] = sq[1:] != sq[:-1]
+        uniq_pos = np.flatnonzero(first)            # positions (in sorted order) of distinct keys
+        uq = sorted_q.take(uniq_pos)                 # distinct query keys, sorted
+        found: list[Updates] = []
+        found_u: list[np.ndarray] = []
+        for batch in self.spine.batches():
+            self._lookup_batch(batch, uq, found, found_u)
+        if not found:
+            return schema.empty_table()
+        upd = Updates.concat(found)
+        u = np.concatenate(found_u)
+        # accumulate per (distinct query, val): the distinct query index acts as the key
+        acc_keys = pa.table({"__u": u})
+        k_u, vals, counts = accumulate(Updates(acc_keys, upd.vals, upd.times, upd.diffs), at)
+        u_rows = k_u.column(0).to_numpy()
+        # expand to every query row (duplicates included), ordered by query_index
+        group_of_sorted = np.cumsum(first) - 1       # distinct index of each sorted query
+        lo = np.searchsorted(u_rows, np.arange(len(uniq_pos)), side="left")
+        hi = np.searchsorted(u_rows, np.arange(len(uniq_pos)), side="right")
+        q_index = order                              # sorted position -> original row
+        per_query = (hi - lo)[group_of_sorted]
+        by_query = np.argsort(q_index, kind="stable")  # original row order
+        reps = per_query[by_query]
+        starts = lo[group_of_sorted][by_query]
+        total = int(reps.sum())
+        run_start = np.zeros(len(reps), dtype=np.int64)
+        np.cumsum(reps[:-1], out=run_start[1:])
+        rows = np.arange(total, dtype=np.int64) + np.repeat(starts - run_start, reps)
+        qi = np.repeat(np.sort(q_index), reps)
+        key_rows = uq.take(u_rows[rows])
+        out_vals = vals.take(rows) if vals is not None else None
+        return _record_table(schema, qi, key_rows, out_vals, counts[rows])
+
+    def _lookup_batch(self, batch: Batch, uq: pa.Table, found: list, found_u: list) -> None:
+        part_of = seek_parts(batch, uq)
+        touched = np.unique(part_of[part_of >= 0])
+        for p in touched:
+            qsel = np.flatnonzero(part_of == p)
+            part = batch.parts[p]
+            upd, starts = part.read()
+            try:
+                pkeys = upd.keys.take(starts[:-1]) if len(starts) - 1 != len(upd) else upd.keys
+                qk = uq.take(qsel)
+                pc_, qc_ = codes([pkeys, qk.rename_columns(pkeys.column_names)], self.key_names)
+                pos = np.searchsorted(pc_, qc_)
+                pos_c = np.minimum(pos, len(pc_) - 1)
+                hit = (pos < len(pc_)) & (pc_[pos_c] == qc_)
+                if not hit.any():
+                    continue
+                kidx = pos[hit]
+                lens = starts[kidx + 1] - starts[kidx]
+                total = int(lens.sum())
+                run_start = np.zeros(len(lens), dtype=np.int64)
+                np.cumsum(lens[:-1], out=run_start[1:])
+                rows = np.arange(total, dtype=np.int64) + np.repeat(starts[kidx] - run_start, lens)
+                found.append(upd.take(rows))
+                found_u.append(np.repeat(qsel[hit], lens))
+            finally:
+                part.release()
+
+    # -- accounting --------------------------------------------------------------------
+    def stats(self) -> dict:
+        batches = self.spine.batches()
+        updates = sum(len(b) for b in batches)
+        payload = sum(b.payload_bytes for b in batches)
+        stored = sum(b.stored_bytes for b in batches)
+        budget = self.ctx.budget
+        return {
+            "updates": updates,
+            "keys": sum(b.num_keys for b in batches),
+            "keys_exact": len(batches) <= 1,
+            "batches": len(batches),
+            "parts": sum(len(b.parts) for b in batches),
+            "bytes_in_memory": sum(b.bytes_in_memory for b in batches),
+            "bytes_on_disk": sum(b.bytes_on_disk for b in batches),
+            "payload_bytes": payload,
+            "stored_bytes": stored,
+            "overhead_bytes_per_update": (stored - payload) / updates if updates else 0.0,
+            "peak_rss_bytes": budget.peak_rss if budget is not None else 0,
+            "since": self.spine.since,
+            "merges_in_progress": sum(1 for lvl in self.spine.levels
+                                      if lvl is not None and lvl.merging),
+        }
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.spine.close()
+
+
+class TraceHandle:
+    """A shared reader's hold on a trace's history (logical) and batch boundaries (physical)."""
+
+    def __init__(self, trace: Trace):
+        self._trace = trace
+        self.logical = trace.since
+        self.physical: int | None = None
+        self.closed = False
+
+    @property
+    def trace(self) -> Trace:
+        return self._trace
+
+    def set_logical_compaction(self, frontier: int) -> None:
+        """Allow the trace to forget history before ``frontier`` (never moves backwards)."""
+        if frontier < self.logical:
+            raise ValueError(f"logical compaction frontier cannot move back from "
+                             f"{self.logical} to {frontier}")
+        self.logical = int(frontier)
+        self._trace._update_frontiers()
+
+    def set_physical_compaction(self, frontier: int) -> None:
+        """Allow the trace to merge away batch boundaries before ``frontier``."""
+        if self.physical is not None and frontier < self.physical:
+            raise ValueError(f"physical compaction frontier cannot move back from "
+                             f"{self.physical} to {frontier}")
+        self.physical = int(frontier)
+        self._trace._update_frontiers()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._trace._update_frontiers()
+
+    def __enter__(self) -> "TraceHandle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            if not self.closed:
+                self.closed = True
+                self._trace._update_frontiers()
+        except Exception:
+            pass
+
+    # reads go through the shared trace
+    def snapshot(self, at=None):
+        return self._trace.snapshot(at)
+
+    def lookup(self, keys, at=None):
+        return self._trace.lookup(keys, at)
+
+    def changes(self, since, upto=None):
+        return self._trace.changes(since, upto)
+
+
+def _key_table(keys, key_schema: pa.Schema) -> pa.Table:
+    if isinstance(keys, pa.RecordBatch):
+        keys = pa.Table.from_batches([keys])
+    if not isinstance(keys, pa.Table):
+        raise SchemaError(f"lookup keys must be a pyarrow Table or RecordBatch, "
+                          f"not {type(keys).__name__}")
+    cols = []
+    for f in key_schema:
+        if f.name not in keys.column_names:
+            raise SchemaError(f"lookup keys lack key column {f.name!r} "
+                              f"(columns: {', '.join(keys.column_names)})")
+        col = keys.column(f.name).combine_chunks()
+        if col.null_count:
+            raise SchemaError(f"lookup key column {f.name!r} holds nulls")
+        if col.type != f.type:
+            try:
+                col = col.cast(f.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                raise SchemaError(f"lookup key column {f.name!r} has type {col.type}, "
+                                  f"the trace's is {f.type}") from e
+        cols.append(col)
+    return pa.Table.from_arrays(cols, schema=key_schema)
+
+
+def _record_batch(schema: pa.Schema, keys: pa.Table, vals: pa.Table | None,
+                  extra: list[np.ndarray]) -> pa.RecordBatch:
+    arrays = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in keys.columns]
+    if vals is not None:
+        arrays += [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c
+                   for c in vals.columns]
+    arrays += [pa.array(e) for e in extra]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _record_table(schema, qi, keys, vals, counts) -> pa.Table:
+    arrays = [pa.array(qi)] + list(keys.columns)
+    if vals is not None:
+        arrays += list(vals.columns)
+    arrays.append(pa.array(counts))
+    return pa.Table.from_arrays(arrays, schema=schema)

@@ -1,0 +1,62 @@
+"""Updates: a flat, columnar run of ``(key, val, time, diff)`` rows.
+
+The unit every kernel consumes and produces. A batch part is stored in the compact
+layout of :mod:`arrangedb.spine.layout` and decoded into ``Updates`` to be worked on.
+
+Invariants
+----------
+- ``keys`` (and ``vals`` unless key-only) have one row per update; ``times`` is uint64,
+  ``diffs`` int64, all four of equal length.
+- When a function says its result is *sorted*, rows are ordered by (key, val, time) and
+  *consolidated*: no two rows share (key, val, time) and no diff is zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+
+@dataclass(frozen=True)
+class Updates:
+    keys: pa.Table
+    vals: pa.Table | None
+    times: np.ndarray
+    diffs: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.diffs)
+
+    @property
+    def nbytes(self) -> int:
+        n = self.keys.nbytes + self.times.nbytes + self.diffs.nbytes
+        return n + (self.vals.nbytes if self.vals is not None else 0)
+
+    def take(self, indices: np.ndarray) -> "Updates":
+        idx = pa.array(indices) if not isinstance(indices, pa.Array) else indices
+        vals = self.vals.take(idx) if self.vals is not None else None
+        return Updates(self.keys.take(idx), vals, self.times[indices], self.diffs[indices])
+
+    def slice(self, start: int, stop: int) -> "Updates":
+        n = stop - start
+        vals = self.vals.slice(start, n) if self.vals is not None else None
+        return Updates(self.keys.slice(start, n), vals, self.times[start:stop],
+                       self.diffs[start:stop])
+
+    @staticmethod
+    def concat(parts: list["Updates"]) -> "Updates":
+        parts = [p for p in parts if len(p)] or parts[:1]
+        if len(parts) == 1:
+            return parts[0]
+        keys = pa.concat_tables([p.keys for p in parts])
+        vals = pa.concat_tables([p.vals for p in parts]) if parts[0].vals is not None else None
+        return Updates(keys, vals, np.concatenate([p.times for p in parts]),
+                       np.concatenate([p.diffs for p in parts]))
+
+    @staticmethod
+    def empty(key_schema: pa.Schema, val_schema: pa.Schema | None) -> "Updates":
+        vals = val_schema.empty_table() if val_schema is not None else None
+        return Updates(key_schema.empty_table(), vals, np.zeros(0, np.uint64),
+                       np.zeros(0, np.int64))
