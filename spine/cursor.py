@@ -72,8 +72,9 @@ def _snapshot_block(upd: Updates, at: int | None) -> Block:
     return _block(keys, vals, counts)
 
 
-def _changes_block(upd: Updates, since: int, upto: int | None) -> Block:
-    upd = consolidate(filter_times(upd, since, upto))
+def _changes_block(upd: Updates, since: int, upto: int | None, frontier: int) -> Block:
+    # times not yet advanced by a merge are reported as a merge would: max(time, frontier)
+    upd = filter_times(consolidate(upd, frontier), since, upto)
     return _block(upd.keys, upd.vals, upd.diffs, upd.times)
 
 
@@ -104,7 +105,7 @@ def co_blocks(traces: list, at: int | None = None,
             elif changes is None:
                 out.append(_snapshot_block(upd, at))
             else:
-                out.append(_changes_block(upd, *changes))
+                out.append(_changes_block(upd, *changes, t.since))
         if any(len(b) for b in out):
             yield tuple(out)
 
