@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.spine.order import codes, row_starts, sort_order
+from arrangedb.spine.order import codes, row_starts, sort_rows
 from arrangedb.spine.updates import Updates
 
 
@@ -35,7 +35,7 @@ def _indices(idx: np.ndarray, n: int) -> np.ndarray | None:
     return idx
 
 
-def consolidate(upd: Updates, since: int | None = None) -> Updates:
+def consolidate(upd: Updates, since: int | None = None, presorted_runs: bool = False) -> Updates:
     """Sort by (key, val, time), sum diffs of equal rows, drop zero sums.
 
     With ``since``, times are first advanced to ``max(time, since)`` (logical compaction).
@@ -49,26 +49,35 @@ def consolidate(upd: Updates, since: int | None = None) -> Updates:
     if since:
         times = np.maximum(times, np.uint64(since))
     kc, vc = _key_val_codes(upd)
-    constant_time = times[0] == times[-1] and np.all(times == times[0])
-    order = sort_order(kc, vc, None if constant_time else times)
-    kc_s = kc[order]
-    parts = [kc_s]
-    if vc is not None:
-        parts.append(vc[order])
-    t_s = times[order]
-    if not constant_time:
-        parts.append(t_s)
-    starts = row_starts(*parts)
-    d_s = upd.diffs[order]
-    if len(starts) == n:
-        sums = d_s
+    constant_time = bool(times[0] == times[-1] and np.all(times == times[0]))
+    order, repeats = sort_rows(kc, vc, None if constant_time else times, presorted_runs)
+    starts = _distinct_starts(order, kc, vc, None if constant_time else times) if repeats \
+        else None
+    if starts is None:
+        starts = np.arange(n)
+    diffs = upd.diffs
+    constant_diff = len(starts) == n and bool(np.all(diffs == diffs[0]))
+    if constant_diff:
+        if diffs[0] == 0:
+            return upd.take(np.zeros(0, dtype=np.int64))
+        rows = order
+        sums = diffs if _indices(order, n) is None else np.full(n, diffs[0], dtype=np.int64)
     else:
-        sums = np.add.reduceat(d_s, starts)
-    keep = np.flatnonzero(sums != 0)
-    rows = order[starts[keep]]
+        d_s = diffs[order]
+        sums = d_s if len(starts) == n else np.add.reduceat(d_s, starts)
+        keep = np.flatnonzero(sums != 0)
+        rows = order[starts[keep]]
+        sums = sums[keep]
     taken = _indices(rows, n)
-    base = upd if taken is None else upd.take(taken)
-    return Updates(base.keys, base.vals, t_s[starts[keep]], sums[keep])
+    keys, vals = (upd.keys, upd.vals) if taken is None else upd.take_payload(taken)
+    out_times = np.full(len(rows), times[0], dtype=np.uint64) if constant_time else times[rows]
+    return Updates(keys, vals, out_times, sums)
+
+
+def _distinct_starts(order, kc, vc, times) -> np.ndarray:
+    """Where distinct (key, val, time) rows begin along ``order``."""
+    parts = [c[order] for c in (kc, vc, times) if c is not None]
+    return row_starts(*parts)
 
 
 def accumulate(upd: Updates, at: int | None) -> tuple[pa.Table, pa.Table | None, np.ndarray]:
@@ -84,16 +93,15 @@ def accumulate(upd: Updates, at: int | None) -> tuple[pa.Table, pa.Table | None,
     if n == 0:
         return upd.keys, upd.vals, upd.diffs
     kc, vc = _key_val_codes(upd)
-    order = sort_order(kc, vc)
-    parts = [kc[order]] if vc is None else [kc[order], vc[order]]
-    starts = row_starts(*parts)
+    order, repeats = sort_rows(kc, vc, None, presorted_runs=True)
+    starts = _distinct_starts(order, kc, vc, None) if repeats else np.arange(n)
     d_s = upd.diffs[order]
     sums = d_s if len(starts) == n else np.add.reduceat(d_s, starts)
     keep = np.flatnonzero(sums != 0)
     rows = order[starts[keep]]
     taken = _indices(rows, n)
-    base = upd if taken is None else upd.take(taken)
-    return base.keys, base.vals, sums[keep]
+    keys, vals = (upd.keys, upd.vals) if taken is None else upd.take_payload(taken)
+    return keys, vals, sums[keep]
 
 
 def filter_times(upd: Updates, since: int, upto: int | None) -> Updates:

@@ -51,7 +51,7 @@ class Merger:
                 break
             upd = step_updates(step)
             n = len(upd)
-            self._builder.push(consolidate(upd, self.since))
+            self._builder.push(consolidate(upd, self.since, presorted_runs=True))
             fuel -= n
             self.remaining -= n
         return fuel

@@ -147,6 +147,65 @@ def row_starts(*code_arrays: np.ndarray) -> np.ndarray:
     return np.flatnonzero(change)
 
 
+def _bits(x: np.ndarray) -> tuple[int, np.ndarray]:
+    """Bits needed for ``x - min(x)`` and that offset array as uint64."""
+    lo = x.min()
+    span = int(x.max()) - int(lo)
+    off = (x.astype(np.int64, copy=False) - np.int64(lo)).view(np.uint64) if x.dtype.kind == "i" \
+        else (x - lo).astype(np.uint64, copy=False)
+    return max(span.bit_length(), 1), off
+
+
+def sort_rows(kc: np.ndarray, vc: np.ndarray | None, times: np.ndarray | None,
+              presorted_runs: bool = False) -> tuple[np.ndarray, bool]:
+    """An order sorting rows by (key code, val code, time); ties in all three in any order.
+
+    The key is sorted first (numpy's quicksort on random input; the stable timsort on
+    concatenated sorted runs, where it merges in linear time). Only rows whose key is
+    shared with a neighbour are then sorted by (key group, val, time) -- packed into one
+    uint64 when they fit -- so unique keys cost a single sort. Returns the order and
+    whether any key repeats.
+    """
+    order = np.argsort(kc, kind="stable" if presorted_runs else "quicksort")
+    kc_s = kc[order]
+    ties = kc_s[1:] == kc_s[:-1]
+    if not ties.any():
+        return order, False
+    if vc is None and times is None:
+        return order, True
+    in_dup = np.zeros(len(kc), dtype=bool)
+    in_dup[1:] = ties
+    in_dup[:-1] |= ties
+    sub = np.flatnonzero(in_dup)
+    group = np.empty(len(kc), dtype=np.int64)
+    group[0] = 0
+    np.cumsum(~ties, out=group[1:])
+    rows = order[sub]
+    g = group[sub]
+    secondary = [c[rows] for c in (vc, times) if c is not None]
+    packed = _pack([g] + secondary)
+    if packed is not None:
+        sub_order = np.argsort(packed, kind="stable" if presorted_runs else "quicksort")
+    else:
+        sub_order = np.lexsort(tuple(reversed([g] + secondary)))
+    order[sub] = rows[sub_order]
+    return order, True
+
+
+def _pack(columns: list[np.ndarray]) -> np.ndarray | None:
+    """Pack integer columns (most significant first) into one uint64, if they fit."""
+    if any(c.dtype.kind not in "iub" for c in columns):
+        return None
+    spans = [_bits(c) for c in columns]
+    if sum(b for b, _ in spans) > 64:
+        return None
+    out = np.zeros(len(columns[0]), dtype=np.uint64)
+    for b, off in spans:
+        out <<= np.uint64(b)
+        out |= off
+    return out
+
+
 def sort_order(*code_arrays: np.ndarray) -> np.ndarray:
     """Stable order sorting rows by the code arrays, most significant first.
 

@@ -39,6 +39,11 @@ class Updates:
         vals = self.vals.take(idx) if self.vals is not None else None
         return Updates(self.keys.take(idx), vals, self.times[indices], self.diffs[indices])
 
+    def take_payload(self, indices: np.ndarray) -> tuple[pa.Table, pa.Table | None]:
+        """Keys and vals of the given rows (times and diffs are the caller's business)."""
+        idx = pa.array(indices)
+        return self.keys.take(idx), (self.vals.take(idx) if self.vals is not None else None)
+
     def slice(self, start: int, stop: int) -> "Updates":
         n = stop - start
         vals = self.vals.slice(start, n) if self.vals is not None else None
