@@ -1,0 +1,258 @@
+"""Unit and property tests of the spine's pieces: codes, kernels, layout, spine levels."""
+
+from __future__ import annotations
+
+import math
+
+import hypothesis.strategies as st
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+
+from arrangedb.spine.context import StorageContext
+from arrangedb.spine.ingest import Columns, SchemaError, open_batches, target_schemas
+from arrangedb.spine.kernels import consolidate
+from arrangedb.spine.layout import from_layout, to_layout
+from arrangedb.spine.order import codes
+from arrangedb.spine.spine import level_of
+from arrangedb.spine.trace import Trace
+from arrangedb.spine.updates import Updates
+
+
+def memory_trace(data, key, vals=None, time=None, diff=None, **ctx):
+    """A trace whose parts stay in memory (no pager): the spine alone."""
+    schema, stream = open_batches(data)
+    cols = Columns.resolve(schema, key, vals, time, diff)
+    ks, vs = target_schemas(schema, cols)
+    trace = Trace(StorageContext(**ctx), ks, vs, cols)
+    trace.spine.insert(trace._build(pa.RecordBatchReader.from_batches(schema, stream),
+                                    cols.time, cols.diff))
+    return trace
+
+
+# -- codes -------------------------------------------------------------------------------
+
+FLOATS = st.floats(allow_nan=True, allow_infinity=True, width=64)
+
+
+@given(st.lists(FLOATS, min_size=1, max_size=50))
+def test_float_codes_sort_like_total_order(xs):
+    (c,) = codes([pa.table({"x": pa.array(xs, pa.float64())})], ["x"])
+    for i in range(len(xs)):
+        for j in range(len(xs)):
+            a, b = xs[i], xs[j]
+            if math.isnan(a) or math.isnan(b):
+                assert (c[i] == c[j]) == (math.isnan(a) and math.isnan(b))
+            elif a < b:
+                assert c[i] < c[j]
+            elif a == b and math.copysign(1, a) == math.copysign(1, b):
+                assert c[i] == c[j]
+
+
+@given(st.lists(st.text(max_size=6), min_size=1, max_size=30),
+       st.lists(st.text(max_size=6), min_size=1, max_size=30))
+def test_string_codes_compare_across_tables_like_bytes(xs, ys):
+    cx, cy = codes([pa.table({"s": xs}), pa.table({"s": ys})], ["s"])
+    for i, a in enumerate(xs):
+        for j, b in enumerate(ys):
+            ea, eb = a.encode(), b.encode()
+            assert (cx[i] < cy[j]) == (ea < eb)
+            assert (cx[i] == cy[j]) == (ea == eb)
+
+
+def test_multi_column_codes_with_nulls():
+    t = pa.table({"a": ["x", None, "x", "w", None], "b": [2, 1, None, 5, 1]})
+    (c,) = codes([t], ["a", "b"])
+    # nulls first, then by a, then by b
+    assert c[1] == c[4]
+    assert c[1] < c[3] < c[2] < c[0]
+
+
+# -- kernels and layout --------------------------------------------------------------------
+
+UPDATES = st.lists(st.tuples(st.integers(-3, 3), st.sampled_from(["", "a", "b", None]),
+                             st.integers(0, 4), st.integers(-2, 2)), max_size=80)
+
+
+def _updates(rows, key_only=False):
+    k = pa.table({"k": pa.array([r[0] for r in rows], pa.int64())})
+    v = None if key_only else pa.table({"v": pa.array([r[1] for r in rows], pa.string())})
+    return Updates(k, v, np.array([r[2] for r in rows], np.uint64),
+                   np.array([r[3] for r in rows], np.int64))
+
+
+def _as_dict(upd, key_only=False):
+    out = {}
+    ks, ts, ds = upd.keys["k"].to_pylist(), upd.times.tolist(), upd.diffs.tolist()
+    vs = [None] * len(ks) if key_only else upd.vals["v"].to_pylist()
+    for k, v, t, d in zip(ks, vs, ts, ds):
+        assert (k, v, t) not in out
+        out[(k, v, t)] = d
+    return out
+
+
+@given(UPDATES, st.booleans(), st.integers(0, 5))
+def test_consolidate_matches_model(rows, key_only, since):
+    model = {}
+    for k, v, t, d in rows:
+        kv = (k, None if key_only else v, max(t, since))
+        model[kv] = model.get(kv, 0) + d
+    model = {a: b for a, b in model.items() if b}
+    got = consolidate(_updates(rows, key_only), since)
+    assert _as_dict(got, key_only) == model
+    order = [(k, (v is not None, v or ""), t) for (k, v, t) in
+             zip(got.keys["k"].to_pylist(),
+                 [None] * len(got) if key_only else got.vals["v"].to_pylist(),
+                 got.times.tolist())]
+    assert order == sorted(order)
+
+
+@given(UPDATES, st.booleans())
+def test_layout_round_trip(rows, key_only):
+    c = consolidate(_updates(rows, key_only))
+    if len(c) == 0:
+        return
+    layout = to_layout(c)
+    back = from_layout(layout)
+    assert back.keys.equals(c.keys)
+    assert (back.times == c.times).all() and (back.diffs == c.diffs).all()
+    if not key_only:
+        assert back.vals.equals(c.vals)
+    assert layout.key_bounds[0] == 0 and len(layout.key_bounds) == layout.keys.num_rows + 1
+
+
+def test_snapshot_layout_is_singleton_compressed_and_stride_bounds():
+    n = 10_000
+    upd = Updates(pa.table({"k": np.arange(n)}), pa.table({"v": np.arange(n)}),
+                  np.zeros(n, np.uint64), np.ones(n, np.int64))
+    layout = to_layout(consolidate(upd))
+    assert layout.times.tolist() == [0] and layout.diffs.tolist() == [1]
+    assert (np.diff(layout.key_bounds.astype(np.int64)) == 1).all()  # stride 1: O(1) stored
+
+
+# -- spine -----------------------------------------------------------------------------------
+
+def test_levels_are_geometric():
+    assert [level_of(n) for n in (1, 2, 3, 4, 5, 8, 9, 1024, 1025)] == [0, 1, 2, 2, 3, 3, 4, 10, 11]
+
+
+def test_trace_holds_logarithmically_many_batches_and_merges_are_fueled():
+    rng = np.random.default_rng(7)
+    trace = memory_trace(pa.table({"k": pa.array([], pa.int64())}), ["k"], [],
+                         part_bytes=1 << 12, window_rows=64)
+    total = 0
+    saw_merge_in_progress = False
+    for i in range(200):
+        n = int(rng.integers(1, 200))
+        total += n
+        trace.insert(pa.table({"k": rng.integers(0, 10_000, n)}))
+        st_ = trace.stats()
+        saw_merge_in_progress |= st_["merges_in_progress"] > 0
+        assert st_["batches"] <= 2 * (math.log2(total) + 2)
+    assert saw_merge_in_progress  # no insert paid for a whole merge at once
+    trace.merge_all()
+    assert trace.stats()["batches"] == 1
+    assert sum(b.num_rows for b in trace.snapshot()) == trace.stats()["keys"]
+
+
+def test_exert_reclaims_retracted_data_without_inserts():
+    t = pa.table({"k": np.arange(1000), "d": np.ones(1000, np.int64)})
+    trace = memory_trace(t, ["k"], [], diff="d")
+    trace.insert(pa.table({"k": np.arange(1000), "d": -np.ones(1000, np.int64)}))
+    assert trace.stats()["updates"] > 0
+    for _ in range(10):
+        trace.exert(1 << 20)
+    assert trace.stats()["updates"] == 0
+
+
+def test_logical_compaction_waits_for_every_handle():
+    t = pa.table({"k": [1, 1, 2], "t": [0, 3, 5]})
+    trace = memory_trace(t, ["k"], [], time="t")
+    h1, h2 = trace.handle(), trace.handle()
+    h1.set_logical_compaction(4)
+    assert trace.since == 0
+    h2.set_logical_compaction(6)
+    assert trace.since == 4
+    h1.close()
+    assert trace.since == 6
+    with pytest.raises(ValueError, match="compaction frontier"):
+        trace.snapshot(at=2)
+    trace.merge_all()
+    trace.exert(1 << 30)
+    assert [r["time"] for r in trace.changes(0, 10).read_all().to_pylist()] == [6, 6]
+
+
+def test_dropping_a_handle_releases_its_hold():
+    trace = memory_trace(pa.table({"k": [1], "t": [0]}), ["k"], [], time="t")
+    h1, h2 = trace.handle(), trace.handle()
+    h2.set_logical_compaction(9)
+    del h1
+    h2.set_logical_compaction(9)
+    assert trace.since == 9
+
+
+def test_physical_compaction_keeps_batches_beyond_the_frontier_apart():
+    trace = memory_trace(pa.table({"k": [1], "t": [0]}), ["k"], [], time="t")
+    h = trace.handle()
+    h.set_physical_compaction(1)
+    for t in range(1, 6):
+        trace.insert(pa.table({"k": [t], "t": [t]}))
+    assert trace.stats()["batches"] == 6
+    h.set_physical_compaction(100)
+    trace.merge_all()
+    assert trace.stats()["batches"] == 1
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(key=["nope"]), "key column 'nope'"),
+    (dict(key=["k"], vals=["w"]), "val column 'w'"),
+    (dict(key=["k"], time="v"), "time column 'v' must hold integers"),
+    (dict(key=["k"], diff="s"), "diff column 's' must hold integers"),
+    (dict(key=["l"]), "key column 'l' has type list"),
+])
+def test_schema_errors_name_the_column(kwargs, message):
+    t = pa.table({"k": [1], "v": [1.5], "s": ["x"], "l": [[1]]})
+    kwargs.setdefault("vals", [])
+    with pytest.raises(SchemaError, match=message):
+        memory_trace(t, **kwargs)
+
+
+def test_unstorable_val_type_is_named():
+    with pytest.raises(SchemaError, match="val column 'l' has type list"):
+        memory_trace(pa.table({"k": [1], "l": [[1]]}), ["k"])
+
+
+def test_row_errors_leave_the_trace_unchanged():
+    trace = memory_trace(pa.table({"k": [1, 2], "t": [0, 0]}), ["k"], [], time="t")
+    before = trace.snapshot().read_all()
+    bad = [pa.table({"k": [3, 4], "t": [1, 1]}), pa.table({"k": [5, None], "t": [1, 1]})]
+    with pytest.raises(SchemaError, match="key column 'k' holds 1 null"):
+        trace.insert(pa.concat_tables(bad))
+    with pytest.raises(SchemaError, match="negative times"):
+        trace.insert(pa.table({"k": [3], "t": [-1]}))
+    assert trace.snapshot().read_all().equals(before)
+
+
+def test_missing_parquet_path_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nowhere.parquet"):
+        memory_trace(str(tmp_path / "nowhere.parquet"), ["k"])
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 3)), max_size=200),
+       st.sampled_from([1, 5, 100]))
+def test_cursor_blocks_never_split_a_key(rows, window):
+    t = pa.table({"k": [r[0] for r in rows], "v": [r[1] for r in rows]},
+                 schema=pa.schema([("k", pa.int64()), ("v", pa.int64())]))
+    trace = memory_trace(t, ["k"], ["v"], part_bytes=64, window_rows=window)
+    for i in range(0, len(rows), 37):
+        trace.insert(t.slice(i, 37))
+    seen = []
+    for block in trace.cursor(window_rows=window):
+        ks = block.keys["k"].to_pylist()
+        assert ks == sorted(set(ks))
+        seen.extend(ks)
+    assert seen == sorted(set(seen))
