@@ -20,14 +20,16 @@ from arrangedb.spine.part import Part
 
 class Batch:
     def __init__(self, parts: list[Part], description: Description, key_schema: pa.Schema,
-                 val_schema: pa.Schema | None, pagefile=None):
+                 val_schema: pa.Schema | None, pagefile=None, owned: bool = True):
         self.parts = parts
         self.description = description
         self.key_schema = key_schema
         self.val_schema = val_schema
         self.pagefile = pagefile
         if pagefile is not None:
-            self._finalizer = weakref.finalize(self, pagefile.delete)
+            # an owned page file (in the spill directory) goes with the batch; a saved
+            # trace's files belong to their directory and are only unmapped
+            self._finalizer = weakref.finalize(self, pagefile.delete if owned else pagefile.close)
 
     def __len__(self) -> int:
         return sum(p.num_updates for p in self.parts)

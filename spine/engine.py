@@ -50,6 +50,14 @@ class Engine:
         self._traces.append(trace)
         return trace
 
+    def load(self, path) -> Trace:
+        """A trace saved with ``Trace.save``; its page files are read in place."""
+        from arrangedb.spine.persist import load_trace
+
+        trace = load_trace(path, self.ctx)
+        self._traces.append(trace)
+        return trace
+
     def stats(self) -> dict:
         b = self.budget.stats()
         return {

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.spine.order import codes, row_starts, sort_rows
+from arrangedb.spine.order import codes, count_le, row_starts, sort_rows, sorted_row_starts
 from arrangedb.spine.updates import Updates
 
 
@@ -118,9 +118,7 @@ def count_through(sorted_keys: pa.Table, bound: pa.Table) -> int:
     """How many leading rows of ``sorted_keys`` have a key <= the single row of ``bound``."""
     if sorted_keys.num_rows == 0:
         return 0
-    names = sorted_keys.column_names
-    kc, bc = codes([sorted_keys, bound.rename_columns(names)], names)
-    return int(np.searchsorted(kc, bc[0], side="right"))
+    return count_le(sorted_keys, bound)
 
 
 def smallest_last_key(tables: list[pa.Table]) -> int:
@@ -137,7 +135,4 @@ def smallest_last_key(tables: list[pa.Table]) -> int:
 
 def key_starts(keys: pa.Table) -> np.ndarray:
     """Indices where a new key starts in key-sorted rows, plus the end (len n+1)."""
-    n = keys.num_rows
-    kc = codes([keys], keys.column_names)[0]
-    starts = row_starts(kc)
-    return np.append(starts, n).astype(np.int64)
+    return np.append(sorted_row_starts(keys), keys.num_rows).astype(np.int64)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.spine.order import codes, row_starts
+from arrangedb.spine.order import sorted_row_starts
 from arrangedb.spine.updates import Updates
 
 
@@ -81,19 +81,25 @@ def _expanded_counts(bounds: np.ndarray) -> np.ndarray:
 def to_layout(upd: Updates) -> PartLayout:
     """Compact a sorted, consolidated run into the seeds' layout."""
     n = len(upd)
-    kc = codes([upd.keys], upd.keys.column_names)[0]
-    kstarts = row_starts(kc)
+    kstarts = sorted_row_starts(upd.keys)
     if upd.vals is None:
         bounds, keep = _compress_singletons(kstarts, n, upd.times, upd.diffs)
         keys = upd.keys.take(kstarts) if len(kstarts) != n else upd.keys
         return PartLayout(keys, bounds, None, None, upd.times[keep], upd.diffs[keep])
-    vc = codes([upd.vals], upd.vals.column_names)[0]
-    vstarts = row_starts(kc, vc)
+    vstarts = _union_starts(kstarts, sorted_row_starts(upd.vals), n)
     bounds, keep = _compress_singletons(vstarts, n, upd.times, upd.diffs)
     key_bounds = np.searchsorted(vstarts, np.append(kstarts, n)).astype(np.uint64)
     keys = upd.keys.take(kstarts) if len(kstarts) != n else upd.keys
     vals = upd.vals.take(vstarts) if len(vstarts) != n else upd.vals
     return PartLayout(keys, key_bounds, vals, bounds, upd.times[keep], upd.diffs[keep])
+
+
+def _union_starts(a: np.ndarray, b: np.ndarray, n: int) -> np.ndarray:
+    """Row starts of (key, val): a new row begins wherever the key or the val changes."""
+    mark = np.zeros(n, dtype=bool)
+    mark[a] = True
+    mark[b] = True
+    return np.flatnonzero(mark)
 
 
 def _leaf_update_index(bounds: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:

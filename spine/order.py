@@ -88,51 +88,127 @@ def _joint_ranks(tables: list[pa.Table], columns: list[str]) -> list[np.ndarray]
     total = sum(sizes)
     if total == 0:
         return [np.zeros(0, dtype=np.int64) for _ in tables]
-    cols = []
+    ranks = []
     for c in columns:
-        parts = [t.column(c) for t in tables]
         chunks = []
-        for p in parts:
-            chunks.extend(p.chunks if isinstance(p, pa.ChunkedArray) else [p])
-        arr = pa.chunked_array(chunks, type=parts[0].type).combine_chunks()
-        if pa.types.is_floating(arr.type):
-            # Arrow's sort keeps NaNs apart from each other's ties; canonicalize via codes.
-            mask = arr.is_null()
-            arr = pa.array(_column_values(arr.fill_null(0)), mask=mask.to_numpy(zero_copy_only=False))
-        cols.append(arr)
-    if len(cols) == 1:
-        ranks = pc.rank(cols[0], sort_keys=[("", "ascending", "at_start")],
-                        tiebreaker="dense").to_numpy().astype(np.int64)
-    else:
-        ranks = _dense_rank_rows(cols)
+        for t in tables:
+            col = t.column(c)
+            chunks.extend(col.chunks if isinstance(col, pa.ChunkedArray) else [col])
+        arr = pa.chunked_array(chunks, type=tables[0].schema.field(c).type).combine_chunks()
+        ranks.append(_column_rank(arr))
+    combined = ranks[0] if len(ranks) == 1 else _combine_ranks(ranks)
     out, start = [], 0
     for n in sizes:
-        out.append(ranks[start:start + n])
+        out.append(combined[start:start + n])
         start += n
     return out
 
 
-def _dense_rank_rows(cols: list[pa.Array]) -> np.ndarray:
-    """Dense rank of multi-column rows: Arrow sort, then mark where adjacent rows differ."""
-    n = len(cols[0])
-    names = [f"c{i}" for i in range(len(cols))]
-    table = pa.table(dict(zip(names, cols)))
-    order = pc.sort_indices(table, sort_keys=[(nm, "ascending", "at_start") for nm in names])
-    sorted_t = table.take(order)
-    differs = np.zeros(max(n - 1, 0), dtype=bool)
-    for nm in names:
-        col = sorted_t.column(nm).combine_chunks()
-        a, b = col.slice(0, n - 1), col.slice(1)
+def _column_rank(arr: pa.Array) -> np.ndarray:
+    """Dense rank of one column: null 0, values from 1 in ascending order.
+
+    Strings and binaries are dictionary-encoded first (a hash pass), so only the distinct
+    values are sorted: cheap for the repeated values arrangements are full of.
+    """
+    t = arr.type
+    if pa.types.is_dictionary(t):
+        arr = arr.dictionary_decode()
+        t = arr.type
+    if is_absolute([t]):
+        valid = None if arr.null_count == 0 else arr.is_valid().to_numpy(zero_copy_only=False)
+        values = _column_values(arr.fill_null(0) if valid is not None else arr)
+        uniq, inv = np.unique(values, return_inverse=True)
+        rank = inv.astype(np.int64) + 1
+        if valid is not None:
+            rank[~valid] = 0
+        return rank
+    enc = pc.dictionary_encode(arr)
+    if len(enc.dictionary) == 0:
+        return np.zeros(len(arr), dtype=np.int64)  # every row null
+    dict_rank = pc.rank(enc.dictionary, sort_keys=[("", "ascending", "at_start")],
+                        tiebreaker="dense").to_numpy().astype(np.int64)
+    idx = enc.indices
+    if idx.null_count:
+        filled = idx.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        rank = dict_rank[filled]
+        rank[~idx.is_valid().to_numpy(zero_copy_only=False)] = 0
+        return rank
+    return dict_rank[idx.to_numpy(zero_copy_only=False).astype(np.int64)]
+
+
+def _combine_ranks(ranks: list[np.ndarray]) -> np.ndarray:
+    """One comparable code from per-column ranks: packed in a word if they fit, else dense."""
+    packed = _pack(ranks)
+    if packed is not None:
+        return packed.view(np.int64) if packed.max(initial=0) < (1 << 63) else packed
+    order = np.lexsort(tuple(reversed(ranks)))
+    n = len(order)
+    differs = np.zeros(n, dtype=bool)
+    for r in ranks:
+        rs = r[order]
+        differs[1:] |= rs[1:] != rs[:-1]
+    dense = np.cumsum(differs)
+    out = np.empty(n, dtype=np.int64)
+    out[order] = dense
+    return out
+
+
+def _types(table) -> list[pa.DataType]:
+    return [f.type for f in table.schema]
+
+
+def _no_nulls(table) -> bool:
+    return all(c.null_count == 0 for c in table.columns)
+
+
+def sorted_row_starts(table: pa.Table) -> np.ndarray:
+    """Where a new distinct row begins in a *sorted* table (always includes 0).
+
+    Sorted input needs no ranking: adjacent rows are compared column by column, which
+    is linear, where ranks of strings would cost a sort.
+    """
+    n = table.num_rows
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    if is_absolute(_types(table)) and _no_nulls(table):
+        return row_starts(absolute_codes(table, table.column_names))
+    differs = np.zeros(n, dtype=bool)
+    differs[0] = True
+    for col in table.columns:
+        col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+        a, b = col.slice(1), col.slice(0, n - 1)
         ne = pc.not_equal(a, b).fill_null(False).to_numpy(zero_copy_only=False)
-        null_a = a.is_null().to_numpy(zero_copy_only=False)
-        null_b = b.is_null().to_numpy(zero_copy_only=False)
-        differs |= ne | (null_a != null_b)
-    rank_sorted = np.empty(n, dtype=np.int64)
-    rank_sorted[0] = 0
-    np.cumsum(differs, out=rank_sorted[1:])
-    ranks = np.empty(n, dtype=np.int64)
-    ranks[order.to_numpy()] = rank_sorted
-    return ranks
+        if col.null_count:
+            ne |= (a.is_null().to_numpy(zero_copy_only=False)
+                   != b.is_null().to_numpy(zero_copy_only=False))
+        differs[1:] |= ne
+    return np.flatnonzero(differs)
+
+
+def count_le(sorted_keys: pa.Table, bound: pa.Table) -> int:
+    """How many leading rows of key-sorted ``sorted_keys`` are <= the one row of ``bound``.
+
+    Keys never hold nulls, so a lexicographic comparison over the columns is exact; it is
+    linear and needs no ranks.
+    """
+    n = sorted_keys.num_rows
+    if n == 0:
+        return 0
+    names = sorted_keys.column_names
+    if is_absolute(_types(sorted_keys)):
+        kc = absolute_codes(sorted_keys, names)
+        bc = absolute_codes(bound.rename_columns(names), names)
+        return int(np.searchsorted(kc, bc[0], side="right"))
+    le = np.zeros(n, dtype=bool)      # strictly less on an earlier column
+    eq = np.ones(n, dtype=bool)       # equal on every column so far
+    for name, b in zip(names, bound.columns):
+        col = sorted_keys.column(name)
+        scalar = b[0]
+        lt = pc.less(col, scalar).to_numpy(zero_copy_only=False)
+        e = pc.equal(col, scalar).to_numpy(zero_copy_only=False)
+        le |= eq & lt
+        eq &= e
+    return int(np.count_nonzero(le | eq))
 
 
 def row_starts(*code_arrays: np.ndarray) -> np.ndarray:

@@ -274,6 +274,13 @@ class Trace:
             finally:
                 part.release()
 
+    def save(self, path) -> None:
+        """Write this trace to a directory (page files + manifest) for ``Engine.load``."""
+        from arrangedb.spine.persist import save_trace
+
+        self._check_open()
+        save_trace(self, path)
+
     # -- accounting --------------------------------------------------------------------
     def stats(self) -> dict:
         batches = self.spine.batches()
