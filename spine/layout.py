@@ -143,3 +143,40 @@ def from_layout(part: PartLayout) -> Updates:
     np.cumsum(leaf_counts, out=leaf_end[1:])
     per_key = np.diff(leaf_end[kb])
     return Updates(_repeat_rows(part.keys, per_key), vals, times, diffs)
+
+
+def _ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Concatenation of ``range(s, s + l)`` for each pair, vectorized."""
+    total = int(lens.sum())
+    run_start = np.zeros(len(lens), dtype=np.int64)
+    np.cumsum(lens[:-1], out=run_start[1:])
+    return np.arange(total, dtype=np.int64) + np.repeat(starts - run_start, lens)
+
+
+def select_keys(part: PartLayout, key_index: np.ndarray) -> tuple[Updates, np.ndarray]:
+    """Updates of the keys at ``key_index`` (sorted positions into ``part.keys``) only.
+
+    Expands just the selected keys' vals and updates, so a lookup touching a few keys of
+    a large part pays for those keys, not for the part. Returns the updates and, per
+    update, the position in ``key_index`` it belongs to.
+    """
+    kb = part.key_bounds.astype(np.int64)
+    k_lens = kb[key_index + 1] - kb[key_index]
+    leaves = _ranges(kb[key_index], k_lens)           # val (or key-only update) slots
+    bounds = (part.val_bounds if part.vals is not None else part.key_bounds).astype(np.int64)
+    stored = bounds[leaves + 1] - bounds[leaves]
+    counts = np.where(stored == 0, 1, stored)
+    starts = np.where(stored == 0, bounds[leaves] - 1, bounds[leaves])
+    upd_idx = _ranges(starts, counts)
+    if part.vals is None:
+        per_key = np.add.reduceat(counts, np.cumsum(np.append(0, k_lens[:-1]))) \
+            if len(k_lens) else k_lens
+        owner = np.repeat(np.arange(len(key_index)), per_key)
+        keys = part.keys.take(key_index[owner])
+        vals = None
+    else:
+        leaf_owner = np.repeat(np.arange(len(key_index)), k_lens)
+        owner = np.repeat(leaf_owner, counts)
+        keys = part.keys.take(key_index[owner])
+        vals = part.vals.take(np.repeat(leaves, counts))
+    return Updates(keys, vals, part.times[upd_idx], part.diffs[upd_idx]), owner

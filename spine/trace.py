@@ -29,6 +29,7 @@ from arrangedb.spine.context import StorageContext
 from arrangedb.spine.cursor import blocks
 from arrangedb.spine.ingest import Columns, SchemaError, open_batches, to_updates
 from arrangedb.spine.kernels import accumulate, consolidate
+from arrangedb.spine.layout import select_keys
 from arrangedb.spine.merger import Merger
 from arrangedb.spine.order import codes, sort_order
 from arrangedb.spine.reader import seek_parts
@@ -253,24 +254,19 @@ class Trace:
         for p in touched:
             qsel = np.flatnonzero(part_of == p)
             part = batch.parts[p]
-            upd, starts = part.read()
+            layout = part.layout()
             try:
-                pkeys = upd.keys.take(starts[:-1]) if len(starts) - 1 != len(upd) else upd.keys
-                qk = uq.take(qsel)
-                pc_, qc_ = codes([pkeys, qk.rename_columns(pkeys.column_names)], self.key_names)
+                pkeys = layout.keys
+                qk = uq.take(qsel).rename_columns(pkeys.column_names)
+                pc_, qc_ = codes([pkeys, qk], self.key_names)
                 pos = np.searchsorted(pc_, qc_)
                 pos_c = np.minimum(pos, len(pc_) - 1)
                 hit = (pos < len(pc_)) & (pc_[pos_c] == qc_)
                 if not hit.any():
                     continue
-                kidx = pos[hit]
-                lens = starts[kidx + 1] - starts[kidx]
-                total = int(lens.sum())
-                run_start = np.zeros(len(lens), dtype=np.int64)
-                np.cumsum(lens[:-1], out=run_start[1:])
-                rows = np.arange(total, dtype=np.int64) + np.repeat(starts[kidx] - run_start, lens)
-                found.append(upd.take(rows))
-                found_u.append(np.repeat(qsel[hit], lens))
+                upd, owner = select_keys(layout, pos[hit])
+                found.append(upd)
+                found_u.append(qsel[hit][owner])
             finally:
                 part.release()
 
