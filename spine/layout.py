@@ -161,22 +161,18 @@ def select_keys(part: PartLayout, key_index: np.ndarray) -> tuple[Updates, np.nd
     update, the position in ``key_index`` it belongs to.
     """
     kb = part.key_bounds.astype(np.int64)
-    k_lens = kb[key_index + 1] - kb[key_index]
-    leaves = _ranges(kb[key_index], k_lens)           # val (or key-only update) slots
+    if part.vals is None:
+        leaves, k_lens = key_index, np.ones(len(key_index), dtype=np.int64)
+    else:
+        k_lens = kb[key_index + 1] - kb[key_index]
+        leaves = _ranges(kb[key_index], k_lens)       # val slots of the selected keys
     bounds = (part.val_bounds if part.vals is not None else part.key_bounds).astype(np.int64)
     stored = bounds[leaves + 1] - bounds[leaves]
     counts = np.where(stored == 0, 1, stored)
     starts = np.where(stored == 0, bounds[leaves] - 1, bounds[leaves])
     upd_idx = _ranges(starts, counts)
-    if part.vals is None:
-        per_key = np.add.reduceat(counts, np.cumsum(np.append(0, k_lens[:-1]))) \
-            if len(k_lens) else k_lens
-        owner = np.repeat(np.arange(len(key_index)), per_key)
-        keys = part.keys.take(key_index[owner])
-        vals = None
-    else:
-        leaf_owner = np.repeat(np.arange(len(key_index)), k_lens)
-        owner = np.repeat(leaf_owner, counts)
-        keys = part.keys.take(key_index[owner])
-        vals = part.vals.take(np.repeat(leaves, counts))
+    leaf_owner = np.repeat(np.arange(len(key_index)), k_lens)
+    owner = np.repeat(leaf_owner, counts)
+    keys = part.keys.take(key_index[owner])
+    vals = part.vals.take(np.repeat(leaves, counts)) if part.vals is not None else None
     return Updates(keys, vals, part.times[upd_idx], part.diffs[upd_idx]), owner
