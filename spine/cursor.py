@@ -78,6 +78,16 @@ def _changes_block(upd: Updates, since: int, upto: int | None, frontier: int) ->
     return _block(upd.keys, upd.vals, upd.diffs, upd.times)
 
 
+def _may_matter(batch, at, changes, frontier) -> bool:
+    """Whether a batch can contribute, judging by the times its description bounds."""
+    d = batch.description
+    if changes is None:
+        return at is None or d.lower <= at or d.lower <= frontier
+    since, upto = changes
+    lower, upper = max(d.lower, frontier), max(d.upper, frontier + 1)
+    return upper > since and (upto is None or lower < upto)
+
+
 def co_blocks(traces: list, at: int | None = None,
               changes: tuple[int, int | None] | None = None,
               window_rows: int | None = None) -> Iterator[tuple[Block, ...]]:
@@ -91,7 +101,7 @@ def co_blocks(traces: list, at: int | None = None,
     for i, t in enumerate(traces):
         if changes is None:
             t._check_read_time(at)
-        bs = t.spine.batches()
+        bs = [b for b in t.spine.batches() if _may_matter(b, at, changes, t.since)]
         batches += bs
         tags += [i] * len(bs)
     ctx = traces[0].ctx

@@ -221,7 +221,8 @@ class Trace:
         found: list[Updates] = []
         found_u: list[np.ndarray] = []
         for batch in self.spine.batches():
-            self._lookup_batch(batch, uq, found, found_u)
+            if at is None or batch.description.lower <= max(at, self.since):
+                self._lookup_batch(batch, uq, found, found_u)
         if not found:
             return schema.empty_table()
         upd = Updates.concat(found)
