@@ -1,1 +1,16 @@
-"""pager"""
+"""The pager: page files on local disk, read through mmap, under a memory budget.
+
+Knows nothing of keys or times -- only bytes, regions, budgets and directories.
+"""
+
+from arrangedb.pager.budget import RSS_ALLOWANCE, MemoryBudget, release_freed_memory
+from arrangedb.pager.errors import BudgetExceeded, PageFileError, SpillError
+from arrangedb.pager.pagefile import PageFile, PageWriter, RegionInfo
+from arrangedb.pager.sizes import format_size, parse_size
+from arrangedb.pager.spilldir import SpillDirectory, remove_stale
+
+__all__ = [
+    "RSS_ALLOWANCE", "BudgetExceeded", "MemoryBudget", "PageFile", "PageFileError",
+    "PageWriter", "RegionInfo", "SpillDirectory", "SpillError", "format_size", "parse_size",
+    "release_freed_memory", "remove_stale",
+]

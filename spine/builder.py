@@ -18,7 +18,7 @@ from arrangedb.spine.context import StorageContext
 from arrangedb.spine.description import Description
 from arrangedb.spine.kernels import key_starts
 from arrangedb.spine.layout import to_layout
-from arrangedb.spine.part import MemoryPart, payload_bytes
+from arrangedb.spine.part import MemoryPart, boundary_key, payload_bytes
 from arrangedb.spine.updates import Updates
 
 
@@ -89,8 +89,8 @@ class Builder:
         if self._writer is None:
             part = MemoryPart(
                 num_updates=layout.num_updates, num_keys=layout.keys.num_rows,
-                first_key=layout.keys.slice(0, 1),
-                last_key=layout.keys.slice(layout.keys.num_rows - 1, 1),
+                first_key=boundary_key(layout.keys, 0),
+                last_key=boundary_key(layout.keys, layout.keys.num_rows - 1),
                 payload=payload_bytes(layout.keys) + payload_bytes(layout.vals),
                 stored=_layout_bytes(layout), data=layout)
         else:

@@ -63,6 +63,11 @@ def key_starts_of(layout: PartLayout) -> np.ndarray:
     return leaf_end[layout.key_bounds.astype(np.int64)]
 
 
+def boundary_key(keys: pa.Table, row: int) -> pa.Table:
+    """A one-row copy of ``keys[row]``: a slice would keep the whole part's buffers alive."""
+    return keys.take(pa.array([row], pa.int64())).combine_chunks()
+
+
 @dataclass
 class Part:
     num_updates: int
@@ -110,6 +115,7 @@ class PagedPart(Part):
                 continue
             arrays = [decode_column(self.pagefile, g) for g in groups]
             cols[name] = arrays if name in ("keys", "vals") else arrays[0]
+        self.release()  # the bytes were copied out: let the mapped pages go now
         key_schema, val_schema = self.schemas
         keys = _table(cols["keys"], key_schema)
         vals = _table(cols["vals"], val_schema) if val_schema is not None else None

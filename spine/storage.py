@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from arrangedb.codecs import decode, encode
 from arrangedb.spine.layout import PartLayout
-from arrangedb.spine.part import PagedPart, payload_bytes
+from arrangedb.spine.part import PagedPart, boundary_key, payload_bytes
 
 _NUMERIC_CODEC = {"key_bounds": "offsets", "val_bounds": "offsets"}
 
@@ -70,12 +70,22 @@ def write_part(writer, index: int, layout: PartLayout, codec: str, schemas) -> P
     n = layout.num_updates
     return PagedPart(
         num_updates=n, num_keys=layout.keys.num_rows,
-        first_key=layout.keys.slice(0, 1), last_key=layout.keys.slice(layout.keys.num_rows - 1, 1),
+        first_key=boundary_key(layout.keys, 0),
+        last_key=boundary_key(layout.keys, layout.keys.num_rows - 1),
         payload=payload_bytes(layout.keys) + payload_bytes(layout.vals), stored=stored,
         pagefile=None, columns=columns, schemas=schemas,
     )
 
 
 def decode_column(pagefile, group: dict):
-    buffers = [pagefile.buffer(r) for r in group["regions"][: group["nbuffers"]]]
+    """Decode one column of a part, copying its bytes out of the mapping first.
+
+    Decoded arrays may be views of the bytes they were decoded from. Were those the
+    mapping itself, every consumer of a view (a merge's builder, a user holding a
+    snapshot batch) would fault mapped pages back in after the reader released them,
+    out of the budget's sight. One copy per read keeps the mapped pages' lifetime to
+    the read itself: the reader releases them right after decoding.
+    """
+    buffers = [np.frombuffer(pagefile.buffer(r), dtype=np.uint8).copy()
+               for r in group["regions"][: group["nbuffers"]]]
     return decode(group["codec"], group["version"], group["meta"], buffers)

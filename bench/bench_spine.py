@@ -1,0 +1,156 @@
+"""Spine benchmarks: arrange, lookup and merge throughput against plain numpy, same run.
+
+Data shape: int64 keys (random permutation, unique) with one int64 val, as Arrow batches;
+the numpy baseline does the same work all in memory: ``np.argsort`` + gathers for
+arrange and merge, ``np.searchsorted`` of unsorted queries for lookup. Figures are
+reported as ratios (baseline time / arrangedb time: >= 1 means arrangedb is faster).
+
+Also reports the overhead per update of the two shapes the spine issue targets:
+a snapshot with unique int64 keys and one int64 val (<= 1 byte), and updates over
+fewer keys with four string vals per key and mixed times and diffs (<= 16 bytes).
+
+Scale: ``ARRANGEDB_BENCH_SCALE=smoke`` (default, seconds) or ``full``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from arrangedb import Engine
+
+FULL = os.environ.get("ARRANGEDB_BENCH_SCALE", "smoke") == "full"
+N_ARRANGE = 10_000_000 if FULL else 200_000
+N_TRACE = 20_000_000 if FULL else 400_000
+N_LOOKUP = 1_000_000 if FULL else 20_000
+BUDGET = "1GiB" if FULL else "256MiB"
+
+
+def _table(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return pa.table({"k": rng.permutation(n).astype(np.int64),
+                     "v": rng.integers(0, 1 << 40, n)})
+
+
+def _timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def _report(benchmark, name, ours, base, **extra):
+    ratio = base / ours
+    benchmark.extra_info.update({f"{name}_seconds": ours, f"{name}_numpy_seconds": base,
+                                 f"{name}_ratio_vs_numpy": ratio, **extra})
+    print(f"\n{name}: arrangedb {ours:.3f}s, numpy {base:.3f}s, ratio {ratio:.2f}x {extra}")
+    return ratio
+
+
+def test_arrange_throughput(benchmark, tmp_path):
+    table = _table(N_ARRANGE)
+    k, v = table["k"].to_numpy(), table["v"].to_numpy()
+
+    def numpy_arrange():
+        o = np.argsort(k)
+        return k[o], v[o]
+
+    base, _ = _timed(numpy_arrange)
+
+    def run():
+        with Engine(spill_dir=tmp_path, memory_budget=BUDGET) as engine:
+            trace = engine.arrange(table, key=["k"], vals=["v"])
+            return trace.stats()
+
+    ours, stats = _timed(run)
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    _report(benchmark, "arrange", ours, base, updates_per_s=N_ARRANGE / ours,
+            overhead_bytes_per_update=stats["overhead_bytes_per_update"])
+    assert stats["updates"] == N_ARRANGE
+
+
+def test_arrange_beyond_budget(benchmark, tmp_path):
+    """The same arrange with the data 8x the budget: spilled runs merged from disk."""
+    table = _table(N_ARRANGE)
+    data_bytes = table.nbytes + 16 * N_ARRANGE
+    small = max(data_bytes // 8, 8 << 20)
+
+    def arrange(budget):
+        with Engine(spill_dir=tmp_path, memory_budget=budget) as engine:
+            trace = engine.arrange(table, key=["k"], vals=["v"])
+            return trace.stats(), engine.stats()
+
+    fits, _ = _timed(lambda: arrange(4 * data_bytes))
+    spilled, (stats, estats) = _timed(lambda: arrange(small))
+    benchmark.pedantic(lambda: arrange(small), rounds=1, iterations=1)
+    slowdown = spilled / fits
+    benchmark.extra_info.update({"in_budget_seconds": fits, "eight_x_seconds": spilled,
+                                 "slowdown": slowdown, "bytes_spilled": estats["bytes_spilled"],
+                                 "peak_rss": estats["peak_rss_bytes"], "budget": small})
+    print(f"\narrange at 8x budget: {spilled:.3f}s vs {fits:.3f}s in budget "
+          f"({slowdown:.2f}x slower), spilled {estats['bytes_spilled'] >> 20} MiB")
+    assert stats["updates"] == N_ARRANGE
+
+
+def test_lookup_throughput(benchmark, tmp_path):
+    table = _table(N_TRACE, seed=1)
+    rng = np.random.default_rng(2)
+    queries = rng.integers(0, N_TRACE * 2, N_LOOKUP)  # about half hit
+    sorted_k = np.sort(table["k"].to_numpy())
+    base, _ = _timed(lambda: np.searchsorted(sorted_k, queries))
+    with Engine(spill_dir=tmp_path, memory_budget=BUDGET) as engine:
+        trace = engine.arrange(table, key=["k"], vals=["v"])
+        q = pa.table({"k": queries})
+        ours, result = _timed(lambda: trace.lookup(q))
+        benchmark.pedantic(lambda: trace.lookup(q), rounds=1, iterations=1)
+    hits = int(np.isin(queries, sorted_k).sum())
+    assert result.num_rows == hits
+    _report(benchmark, "lookup", ours, base, lookups_per_s=N_LOOKUP / ours)
+
+
+def test_merge_throughput(benchmark, tmp_path):
+    """Two batches of half the keys each, merged into one (the spine's basic step)."""
+    table = _table(N_ARRANGE, seed=3)
+    half = N_ARRANGE // 2
+    a, b = table.slice(0, half), table.slice(half)
+    ka, kb = np.sort(a["k"].to_numpy()), np.sort(b["k"].to_numpy())
+    base, _ = _timed(lambda: np.argsort(np.concatenate([ka, kb]), kind="stable"))
+    with Engine(spill_dir=tmp_path, memory_budget=BUDGET) as engine:
+        trace = engine.arrange(a, key=["k"], vals=["v"])
+        trace.insert(b)
+        ours, _ = _timed(trace.merge_all)
+        assert trace.stats()["batches"] == 1
+    benchmark.pedantic(lambda: None, rounds=1, iterations=1)
+    _report(benchmark, "merge", ours, base, updates_per_s=N_ARRANGE / ours)
+
+
+@pytest.mark.parametrize("shape", ["snapshot_unique_int", "mixed_strings"])
+def test_overhead_per_update(benchmark, tmp_path, shape):
+    n = N_ARRANGE
+    rng = np.random.default_rng(4)
+    if shape == "snapshot_unique_int":
+        table = pa.table({"k": np.arange(n, dtype=np.int64),
+                          "v": rng.integers(0, 1 << 40, n)})
+        kwargs, target = dict(key=["k"], vals=["v"]), 1.0
+    else:
+        keys = max(n // 10, 1)
+        words = np.array(["alpha", "beta", "gamma", "delta"])
+        table = pa.table({
+            "k": rng.integers(0, keys, n),
+            "v": words[rng.integers(0, 4, n)],
+            "t": rng.integers(0, 16, n).astype(np.uint64),
+            "d": rng.choice(np.array([-1, 1, 1, 2]), n),
+        })
+        kwargs, target = dict(key=["k"], vals=["v"], time="t", diff="d"), 16.0
+    with Engine(spill_dir=tmp_path, memory_budget=BUDGET) as engine:
+        trace = engine.arrange(table, **kwargs)
+        stats = trace.stats()
+    benchmark.pedantic(lambda: None, rounds=1, iterations=1)
+    benchmark.extra_info.update({"overhead_bytes_per_update": stats["overhead_bytes_per_update"],
+                                 "target": target})
+    print(f"\n{shape}: {stats['overhead_bytes_per_update']:.3f} bytes of overhead per update "
+          f"(target <= {target})")
+    assert stats["overhead_bytes_per_update"] <= target

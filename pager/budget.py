@@ -1,0 +1,246 @@
+"""MemoryBudget: a byte budget for one engine, checked against the process's real RSS.
+
+What the budget covers
+----------------------
+Everything arrangedb allocates on behalf of one engine: builder buffers, decoded parts
+and merge windows, mapped page-file regions while they are being read, and the
+operators' working arrays. Components *reserve* before they allocate and *release* when
+done; a reservation that does not fit asks the registered spillers to free memory (seal
+buffers to page files, drop caches, ``madvise(MADV_DONTNEED)`` mapped regions) and only
+raises :class:`BudgetExceeded` when that is not enough.
+
+Reservations are the plan; RSS is the truth. psutil samples the process's RSS (which
+includes resident pages of mapped files) at every reservation and on a light background
+timer. The contract, checked by the tests on data several times the budget::
+
+    peak_rss - baseline_rss <= limit + RSS_ALLOWANCE
+
+``baseline_rss`` is the RSS when the budget was created: the interpreter, numpy, pyarrow
+and whatever the host process already held (a reused Spark worker included). The fixed
+``RSS_ALLOWANCE`` covers what reservations cannot see: allocator slack and
+fragmentation, Arrow's memory pool keeping freed blocks, kernel temporaries, and pages
+of the libraries touched for the first time.
+
+Spillers run only on the thread that reserves (never from the sampler), so a spiller
+never races the structure it spills. The sampler only records the peak and raises a
+pressure flag that the next reservation acts upon.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import itertools
+import os
+import threading
+from collections import defaultdict
+
+import psutil
+
+from arrangedb.pager.errors import BudgetExceeded
+from arrangedb.pager.sizes import format_size, parse_size
+
+RSS_ALLOWANCE = 100 << 20
+"""Fixed allowance over ``limit`` for what reservations cannot see (see module doc)."""
+
+_libc = None
+
+
+def release_freed_memory() -> None:
+    """Hand freed heap memory back to the OS so RSS reflects what is really held.
+
+    Arrow's pool (jemalloc/mimalloc) and glibc's malloc both keep freed blocks for reuse;
+    after a big merge that retention would read as RSS the budget no longer holds.
+    """
+    global _libc
+    import pyarrow as pa
+
+    with contextlib.suppress(Exception):
+        pa.default_memory_pool().release_unused()
+    if _libc is None:
+        name = ctypes.util.find_library("c")
+        _libc = ctypes.CDLL(name) if name else False
+    if _libc and hasattr(_libc, "malloc_trim"):
+        _libc.malloc_trim(0)
+
+
+class MemoryBudget:
+    """A byte budget with reservations, spillers and an RSS sampler."""
+
+    def __init__(self, limit="1GiB", sample_interval: float = 0.05):
+        self.limit = parse_size(limit)
+        if self.limit <= 0:
+            raise ValueError(f"memory budget must be positive, got {limit!r}")
+        self.held = 0
+        self.peak_held = 0
+        self._held_by: dict[str, int] = defaultdict(int)
+        self._process = psutil.Process()
+        self.baseline_rss = self._process.memory_info().rss
+        self.peak_rss = self.baseline_rss
+        self.spill_requests = 0
+        self.bytes_freed = 0
+        self._spillers: dict[int, tuple[int, object]] = {}
+        self._tokens = itertools.count()
+        self._lock = threading.RLock()
+        self._spilling = False
+        self._pressure = False
+        self._closed = False
+        self._stop = threading.Event()
+        self._sampler = None
+        if sample_interval and sample_interval > 0:
+            self._sampler = threading.Thread(
+                target=self._sample_loop, args=(sample_interval,),
+                name="arrangedb-rss-sampler", daemon=True)
+            self._sampler.start()
+
+    # -- reservations --------------------------------------------------------------------
+    def reserve(self, nbytes: int, what: str = "unnamed") -> None:
+        """Hold ``nbytes`` more; spill if needed; BudgetExceeded if it still does not fit."""
+        nbytes = int(nbytes)
+        if nbytes <= 0:
+            return
+        rss = self.sample()
+        with self._lock:
+            over = self.held + nbytes - self.limit
+            if self._pressure and rss - self.baseline_rss > self.limit:
+                over = max(over, rss - self.baseline_rss - self.limit)
+        if over > 0:
+            self._pressure = False
+            self.spill(over)
+        with self._lock:
+            if self.held + nbytes > self.limit:
+                raise BudgetExceeded(
+                    f"memory budget {format_size(self.limit)} exceeded: asked "
+                    f"{format_size(nbytes)} for {what} while {format_size(self.held)} is held "
+                    f"({self._describe_held()}) and spilling freed no more; raise "
+                    f"memory_budget or lower the working set (fewer keys per batch, "
+                    f"smaller partitions)")
+            self.held += nbytes
+            self._held_by[what] += nbytes
+            self.peak_held = max(self.peak_held, self.held)
+
+    def release(self, nbytes: int, what: str | None = None) -> None:
+        nbytes = int(nbytes)
+        if nbytes <= 0:
+            return
+        with self._lock:
+            self.held = max(0, self.held - nbytes)
+            if what is not None and what in self._held_by:
+                left = self._held_by[what] - nbytes
+                if left > 0:
+                    self._held_by[what] = left
+                else:
+                    del self._held_by[what]
+
+    @contextlib.contextmanager
+    def reservation(self, nbytes: int, what: str = "unnamed"):
+        self.reserve(nbytes, what)
+        try:
+            yield
+        finally:
+            self.release(nbytes, what)
+
+    def _describe_held(self) -> str:
+        parts = sorted(self._held_by.items(), key=lambda kv: -kv[1])[:5]
+        return ", ".join(f"{w}: {format_size(b)}" for w, b in parts if b > 0) or "nothing named"
+
+    # -- spillers --------------------------------------------------------------------------
+    def add_spiller(self, fn, priority: int = 0) -> int:
+        """Register ``fn(nbytes_wanted) -> bytes freed``; lower priority runs first."""
+        token = next(self._tokens)
+        with self._lock:
+            self._spillers[token] = (priority, fn)
+        return token
+
+    def remove_spiller(self, token: int) -> None:
+        with self._lock:
+            self._spillers.pop(token, None)
+
+    def spill(self, wanted: int) -> int:
+        """Ask spillers, cheapest first, to free ``wanted`` bytes; return what they freed."""
+        if self._spilling:   # a spiller reserving while it spills must not recurse
+            return 0
+        self._spilling = True
+        freed = 0
+        try:
+            self.spill_requests += 1
+            with self._lock:
+                spillers = sorted(self._spillers.values(), key=lambda pf: pf[0])
+            for _, fn in spillers:
+                if freed >= wanted:
+                    break
+                freed += int(fn(wanted - freed) or 0)
+            if freed:
+                release_freed_memory()
+        finally:
+            self._spilling = False
+        self.bytes_freed += freed
+        return freed
+
+    # -- RSS -------------------------------------------------------------------------------
+    def rss(self) -> int:
+        try:
+            return self._process.memory_info().rss
+        except (psutil.Error, OSError):
+            return self.peak_rss
+
+    def sample(self) -> int:
+        """RSS now; keeps the peak and raises the pressure flag when over the limit."""
+        rss = self.rss()
+        if rss > self.peak_rss:
+            self.peak_rss = rss
+        if rss - self.baseline_rss > self.limit:
+            self._pressure = True
+        return rss
+
+    def relieve(self) -> int:
+        """At a safe point (between steps of a loop): spill if RSS went over the limit."""
+        rss = self.sample()
+        if self._pressure and rss - self.baseline_rss > self.limit:
+            self._pressure = False
+            return self.spill(rss - self.baseline_rss - self.limit)
+        return 0
+
+    def _sample_loop(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            self.sample()
+
+    def reset_peak(self) -> None:
+        """Start a new measurement window (a reused Spark worker's next task)."""
+        self.baseline_rss = self.rss()
+        self.peak_rss = self.baseline_rss
+        self.peak_held = self.held
+
+    def stats(self) -> dict:
+        return {
+            "limit_bytes": self.limit,
+            "held_bytes": self.held,
+            "peak_held_bytes": self.peak_held,
+            "rss_bytes": self.rss(),
+            "baseline_rss_bytes": self.baseline_rss,
+            "peak_rss_bytes": self.peak_rss,
+            "peak_rss_over_baseline_bytes": self.peak_rss - self.baseline_rss,
+            "rss_allowance_bytes": RSS_ALLOWANCE,
+            "spill_requests": self.spill_requests,
+            "bytes_freed_by_spillers": self.bytes_freed,
+        }
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        if self._sampler is not None and self._sampler is not threading.current_thread():
+            self._sampler.join(timeout=1.0)
+        self.sample()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"MemoryBudget(limit={format_size(self.limit)}, held={format_size(self.held)}, "
+                f"peak_rss={format_size(self.peak_rss)})")

@@ -1,0 +1,349 @@
+"""Page files: append-only files of 64-byte-aligned regions, written once, read by mmap.
+
+Format (version 1)
+------------------
+::
+
+    [0, 64)      header: magic "ARNGDBPG", u32 version, u32 flags, u64 directory offset,
+                 u64 directory length, u32 directory crc32, padding, u32 header crc32
+    [64, ...)    regions, each starting at a multiple of 64
+    [dir, end)   directory: JSON, one entry per region (name, offset, length, crc32,
+                 codec, codec_version, meta)
+
+A writer streams regions into ``<name>.tmp`` as they come (nothing is buffered beyond the
+region being written), then writes the directory and the header and renames the file
+into place: a reader never sees a half-written file. A region's crc32 is checked the
+first time it is mapped, so a flipped byte is caught before any decoder sees it.
+
+Residency
+---------
+A mapped region's pages count against the budget while a reader uses them:
+:meth:`PageFile.buffer` charges the region's length, :meth:`PageFile.release` gives the
+pages back to the kernel (``MADV_DONTNEED`` -- clean file pages, so they simply refault
+from the file if touched again) and uncharges. Regions still charged when the budget
+runs short are released least-recently-mapped first by the budget's resident-set
+spiller.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import mmap
+import os
+import struct
+import threading
+import weakref
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from arrangedb.pager.errors import PageFileError, SpillError
+from arrangedb.pager.sizes import format_size
+
+MAGIC = b"ARNGDBPG"
+VERSION = 1
+ALIGN = 64
+HEADER = struct.Struct("<8sIIQQI")   # magic, version, flags, dir offset, dir length, dir crc
+HEADER_SIZE = 64
+PAGE = mmap.PAGESIZE
+FAULT_AROUND = max(64 << 10, PAGE)   # Linux's default fault_around_bytes
+_ZEROS = bytes(ALIGN)
+
+
+@dataclass(frozen=True)
+class RegionInfo:
+    name: str
+    offset: int
+    length: int
+    crc32: int
+    codec: str = "plain"
+    codec_version: int = 1
+    meta: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "offset": self.offset, "length": self.length,
+                "crc32": self.crc32, "codec": self.codec,
+                "codec_version": self.codec_version, "meta": self.meta}
+
+
+def _as_bytes(data) -> memoryview:
+    if isinstance(data, pa.Buffer):
+        return memoryview(data)
+    if isinstance(data, np.ndarray):
+        return memoryview(np.ascontiguousarray(data)).cast("B")
+    return memoryview(data).cast("B")
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) & ~(ALIGN - 1)
+
+
+class PageWriter:
+    """Streams regions into a new page file; ``finish()`` makes it visible atomically."""
+
+    def __init__(self, spill, name_hint: str = "batch", path: str | None = None):
+        self.spill = spill
+        self.path = path or spill.new_path(name_hint)
+        self._tmp = self.path + ".tmp"
+        self.regions: dict[str, RegionInfo] = {}
+        try:
+            self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as e:
+            raise self._spill_error(e, 0) from e
+        self._pos = HEADER_SIZE
+        self._done = False
+
+    def _spill_error(self, e: OSError, size: int) -> SpillError:
+        where = os.path.dirname(self.path)
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return SpillError(e.errno, f"spill directory {where!r} is full: could not write "
+                                       f"{format_size(size)} more to {os.path.basename(self.path)}"
+                                       f" (free space on that disk, or point spill_dir elsewhere)")
+        return SpillError(e.errno, f"cannot write to spill directory {where!r}: {e.strerror}")
+
+    def _pwrite_all(self, view: memoryview, offset: int) -> None:
+        while len(view):
+            n = os.pwrite(self._fd, view, offset)
+            view, offset = view[n:], offset + n
+
+    def add_region(self, name: str, data, codec: str = "plain", codec_version: int = 1,
+                   meta: dict | None = None) -> RegionInfo:
+        if self._done:
+            raise ValueError(f"page file {self.path!r} is already finished")
+        if name in self.regions:
+            raise ValueError(f"region {name!r} written twice to {self.path!r}")
+        view = _as_bytes(data)
+        length = view.nbytes
+        try:
+            self._pwrite_all(view, self._pos)
+        except OSError as e:
+            self.abort()
+            raise self._spill_error(e, length) from e
+        info = RegionInfo(name, self._pos, length, zlib.crc32(view), codec, codec_version,
+                          meta or {})
+        self.regions[name] = info
+        self._pos = _align(self._pos + length)
+        return info
+
+    def finish(self, budget=None) -> "PageFile":
+        directory = json.dumps({"regions": [r.to_json() for r in self.regions.values()]},
+                               separators=(",", ":")).encode()
+        header = HEADER.pack(MAGIC, VERSION, 0, self._pos, len(directory), zlib.crc32(directory))
+        header = header.ljust(HEADER_SIZE - 4, b"\0")
+        header += struct.pack("<I", zlib.crc32(header))
+        try:
+            self._pwrite_all(memoryview(directory), self._pos)
+            self._pwrite_all(memoryview(header), 0)
+            os.close(self._fd)
+            self._fd = -1
+            os.rename(self._tmp, self.path)
+        except OSError as e:
+            self.abort()
+            raise self._spill_error(e, len(directory)) from e
+        self._done = True
+        size = self._pos + len(directory)
+        if self.spill is not None:
+            self.spill.bytes_written += size
+        return PageFile.open(self.path, budget=budget)
+
+    def abort(self) -> None:
+        """Drop the unfinished file; nothing of it becomes visible."""
+        self._done = True
+        if self._fd >= 0:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = -1
+        try:
+            os.unlink(self._tmp)
+        except FileNotFoundError:
+            pass
+
+    def __del__(self):
+        if not getattr(self, "_done", True):
+            self.abort()
+
+
+class ResidentSet:
+    """Mapped regions charged to one budget, least recently mapped first."""
+
+    _by_budget: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+    _guard = threading.Lock()
+
+    def __init__(self, budget):
+        self.budget = budget
+        self.regions: OrderedDict = OrderedDict()   # (id(pagefile), name) -> (ref, length)
+        self.token = budget.add_spiller(self.spill, priority=0)
+
+    @classmethod
+    def of(cls, budget) -> "ResidentSet":
+        with cls._guard:
+            rs = cls._by_budget.get(budget)
+            if rs is None:
+                rs = cls._by_budget[budget] = cls(budget)
+            return rs
+
+    def spill(self, wanted: int) -> int:
+        freed = 0
+        while self.regions and freed < wanted:
+            (_, name), (ref, _) = next(iter(self.regions.items()))
+            pf = ref()
+            if pf is None:
+                self.regions.popitem(last=False)
+                continue
+            freed += pf.release(name)
+        return freed
+
+
+class PageFile:
+    """A finished page file, mapped read-only; regions come out as zero-copy views."""
+
+    def __init__(self, path: str, size: int, mm, regions: dict[str, RegionInfo], budget):
+        self.path = path
+        self.size = size
+        self.regions = regions
+        self._mm = mm
+        self._view = memoryview(mm) if mm is not None else memoryview(b"")
+        self._verified: set[str] = set()
+        self._mapped: dict[str, int] = {}   # regions touched since their last release
+        self._resident = ResidentSet.of(budget) if budget is not None else None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, path, budget=None) -> "PageFile":
+        path = os.fspath(path)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as e:
+            raise PageFileError(f"cannot open page file {path!r}: {e.strerror}") from e
+        try:
+            size = os.fstat(fd).st_size
+            if size < HEADER_SIZE:
+                raise PageFileError(f"{path!r} is not a page file: {size} bytes is shorter "
+                                    f"than the {HEADER_SIZE}-byte header (truncated?)")
+            header = os.pread(fd, HEADER_SIZE, 0)
+            magic, version, _flags, dir_off, dir_len, dir_crc = HEADER.unpack_from(header)
+            if magic != MAGIC:
+                raise PageFileError(f"{path!r} is not an arrangedb page file (bad magic "
+                                    f"{magic!r})")
+            (hcrc,) = struct.unpack_from("<I", header, HEADER_SIZE - 4)
+            if zlib.crc32(header[: HEADER_SIZE - 4]) != hcrc:
+                raise PageFileError(f"page file {path!r}: header checksum mismatch (corrupt)")
+            if version != VERSION:
+                raise PageFileError(f"page file {path!r} has format version {version}; this "
+                                    f"arrangedb reads version {VERSION}")
+            if dir_off + dir_len > size:
+                raise PageFileError(f"page file {path!r} is truncated: directory ends at "
+                                    f"{dir_off + dir_len} but the file has {size} bytes")
+            directory = os.pread(fd, dir_len, dir_off)
+            if zlib.crc32(directory) != dir_crc:
+                raise PageFileError(f"page file {path!r}: directory checksum mismatch (corrupt)")
+            regions = {}
+            for r in json.loads(directory)["regions"]:
+                info = RegionInfo(**r)
+                if info.offset + info.length > dir_off:
+                    raise PageFileError(f"page file {path!r}, region {info.name!r}: extends "
+                                        f"past the data section (corrupt)")
+                regions[info.name] = info
+            mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else None
+        finally:
+            os.close(fd)
+        return cls(path, size, mm, regions, budget)
+
+    def _region(self, name: str) -> RegionInfo:
+        try:
+            return self.regions[name]
+        except KeyError:
+            raise PageFileError(f"page file {self.path!r} has no region {name!r}") from None
+
+    def buffer(self, name: str) -> memoryview:
+        """Zero-copy view of a region; checksum verified on first map; charged as resident."""
+        info = self._region(name)
+        if self._mm is None or self._mm.closed:
+            raise PageFileError(f"page file {self.path!r} is closed")
+        view = self._view[info.offset: info.offset + info.length]
+        if name not in self._verified:
+            if zlib.crc32(view) != info.crc32:
+                raise PageFileError(f"page file {self.path!r}, region {name!r}: checksum "
+                                    f"mismatch (corrupt page file)")
+            self._verified.add(name)
+        if name not in self._mapped and info.length:
+            if self._resident is not None:
+                self._resident.budget.reserve(info.length, "mapped pages")
+                self._resident.regions[(id(self), name)] = (weakref.ref(self), info.length)
+            with self._lock:
+                self._mapped[name] = info.length
+        return view
+
+    def numpy(self, name: str, dtype) -> np.ndarray:
+        return np.frombuffer(self.buffer(name), dtype=dtype)
+
+    def arrow_buffer(self, name: str) -> pa.Buffer:
+        return pa.py_buffer(self.buffer(name))
+
+    def verify(self) -> dict[str, bool]:
+        """Check every region's checksum without charging the budget (for inspect)."""
+        out = {}
+        for name, info in self.regions.items():
+            view = self._view[info.offset: info.offset + info.length]
+            out[name] = zlib.crc32(view) == info.crc32
+            self._advise(info.offset, info.length)
+        return out
+
+    def _advise(self, offset: int, length: int) -> None:
+        """MADV_DONTNEED over a region, widened by the kernel's fault-around window.
+
+        A fault maps not only the page asked for but its aligned 64 KiB neighbourhood
+        (fault-around), so reading one region maps the edges of its neighbours too.
+        Widening the release by that window on both sides gives those pages back as
+        well; clean file pages cost nothing to drop and refault if read again.
+        """
+        if self._mm is None or self._mm.closed or length == 0:
+            return
+        start = max(0, (offset // FAULT_AROUND - 1) * FAULT_AROUND)
+        end = min(self.size, (-(-(offset + length) // FAULT_AROUND) + 1) * FAULT_AROUND)
+        try:
+            self._mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+        except (OSError, ValueError):
+            pass   # advice only: a kernel refusing it leaves pages to the page cache
+
+    def release(self, name: str | None = None) -> int:
+        """Give a region's (or every region's) pages back; return the bytes uncharged."""
+        names = [name] if name is not None else list(self._mapped)
+        freed = 0
+        for n in names:
+            with self._lock:
+                length = self._mapped.pop(n, 0)
+            if not length:
+                continue
+            info = self.regions[n]
+            self._advise(info.offset, info.length)
+            if self._resident is not None:
+                self._resident.regions.pop((id(self), n), None)
+                self._resident.budget.release(length, "mapped pages")
+                freed += length
+        return freed
+
+    def close(self) -> None:
+        self.release()
+        if self._mm is not None and not self._mm.closed:
+            try:
+                self._view.release()
+                self._mm.close()
+            except BufferError:
+                pass   # a caller still holds a view; the mapping goes with the last one
+
+    def delete(self) -> None:
+        self.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def __repr__(self) -> str:
+        return f"PageFile({self.path!r}, {len(self.regions)} regions, {format_size(self.size)})"

@@ -1,0 +1,126 @@
+"""SpillDirectory: one private directory per engine under a spill root.
+
+The root is the argument, else ``$ARRANGEDB_SPILL_DIR``, else the system temp dir. It is
+checked when the engine starts -- missing or unwritable roots fail there, not at the
+first spill. Each engine gets ``<root>/arrangedb-<pid>-<random>`` (0700, files 0600) with
+an ``owner`` file holding the process id and its start time; at the next start, any
+directory whose owner is dead (or whose pid was reused by a process started at another
+time) is removed. Two engines in one or two processes never share a directory.
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import itertools
+import os
+import secrets
+import shutil
+import tempfile
+import weakref
+
+import psutil
+
+from arrangedb.pager.errors import SpillError
+
+PREFIX = "arrangedb-"
+OWNER_FILE = "owner"
+ENV_VAR = "ARRANGEDB_SPILL_DIR"
+
+
+def _start_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.Error, OSError):
+        return None
+
+
+def remove_stale(root: str) -> list[str]:
+    """Remove spill directories under ``root`` whose owning process is gone."""
+    removed = []
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return removed
+    uid = os.getuid()
+    for entry in entries:
+        if not entry.name.startswith(PREFIX):
+            continue
+        try:
+            if not entry.is_dir(follow_symlinks=False) or entry.stat().st_uid != uid:
+                continue
+            with open(os.path.join(entry.path, OWNER_FILE)) as f:
+                pid_text, started_text = f.read().split()
+            pid, started = int(pid_text), float(started_text)
+        except (OSError, ValueError):
+            continue   # not ours to judge (half-created, foreign, or racing its owner)
+        alive = _start_time(pid)
+        if alive is None or abs(alive - started) > 1.0:
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry.path)
+    return removed
+
+
+class SpillDirectory:
+    """A private directory for one engine's page files."""
+
+    def __init__(self, root: str | os.PathLike | None = None):
+        root = os.fspath(root) if root is not None else (
+            os.environ.get(ENV_VAR) or tempfile.gettempdir())
+        self.root = os.path.abspath(root)
+        if not os.path.isdir(self.root):
+            raise SpillError(errno.ENOENT,
+                             f"spill directory root {self.root!r} does not exist or is not a "
+                             f"directory (set spill_dir= or {ENV_VAR})")
+        if not os.access(self.root, os.W_OK | os.X_OK):
+            raise SpillError(errno.EACCES,
+                             f"spill directory root {self.root!r} is not writable by this user")
+        remove_stale(self.root)
+        pid = os.getpid()
+        path = os.path.join(self.root, f"{PREFIX}{pid}-{secrets.token_hex(4)}")
+        try:
+            os.mkdir(path, 0o700)
+            fd = os.open(os.path.join(path, OWNER_FILE), os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                         0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(f"{pid} {_start_time(pid) or 0.0}\n")
+        except OSError as e:
+            shutil.rmtree(path, ignore_errors=True)
+            raise SpillError(e.errno, f"cannot create a spill directory under {self.root!r}: "
+                                      f"{e.strerror}") from e
+        self.path = path
+        self.bytes_written = 0
+        self._names = itertools.count()
+        self._closed = False
+        self._finalizer = weakref.finalize(self, shutil.rmtree, path, True)
+        atexit.register(self._finalizer)
+
+    def new_path(self, hint: str = "batch") -> str:
+        if self._closed:
+            raise SpillError(errno.EBADF, f"spill directory {self.path!r} is closed")
+        return os.path.join(self.path, f"{hint}-{next(self._names):06d}.pg")
+
+    @property
+    def bytes_on_disk(self) -> int:
+        total = 0
+        try:
+            for entry in os.scandir(self.path):
+                if entry.name.endswith(".pg"):
+                    total += entry.stat().st_size
+        except OSError:
+            pass
+        return total
+
+    def close(self) -> None:
+        """Remove the directory and everything in it (idempotent; also runs at exit)."""
+        self._closed = True
+        self._finalizer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SpillDirectory({self.path!r})"

@@ -1,0 +1,152 @@
+"""End-to-end through the public API: Engine, arrange, insert, reads, stats, save/load."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import arrangedb
+from arrangedb import Engine, SchemaError
+
+
+@pytest.fixture
+def engine(tmp_path):
+    with Engine(spill_dir=tmp_path, memory_budget="64MiB") as e:
+        yield e
+
+
+def _orders(n=20_000, seed=0):
+    rng = np.random.default_rng(seed)
+    return pa.table({
+        "customer_id": rng.integers(0, n // 10, n),
+        "order_id": np.arange(n),
+        "amount": rng.integers(1, 1000, n),
+        "status": rng.choice(np.array(["F", "O", "P"]), n),
+    })
+
+
+def _snapshot_dict(trace, at=None):
+    t = trace.snapshot(at).read_all()
+    names = [c for c in t.column_names if c != "count"]
+    return {tuple(r[c] for c in names): r["count"] for r in t.to_pylist()}
+
+
+@pytest.mark.parametrize("kind", ["table", "batch", "reader", "iterable", "parquet_file",
+                                  "parquet_dir"])
+def test_arrange_accepts_every_input_kind(engine, tmp_path, kind):
+    t = _orders(5000)
+    if kind == "table":
+        data = t
+    elif kind == "batch":
+        data = t.combine_chunks().to_batches()[0]
+    elif kind == "reader":
+        data = pa.RecordBatchReader.from_batches(t.schema, t.to_batches(max_chunksize=777))
+    elif kind == "iterable":
+        data = iter(t.to_batches(max_chunksize=500))
+    elif kind == "parquet_file":
+        data = str(tmp_path / "o.parquet")
+        pq.write_table(t, data, row_group_size=1000)
+    else:
+        data = tmp_path / "dir"
+        os.makedirs(data)
+        pq.write_table(t.slice(0, 2000), data / "a.parquet")
+        pq.write_table(t.slice(2000), data / "b.parquet")
+    trace = engine.arrange(data, key=["customer_id"], vals=["order_id", "amount"])
+    got = trace.snapshot().read_all()
+    assert got.column_names == ["customer_id", "order_id", "amount", "count"]
+    assert got.num_rows == 5000 and set(got["count"].to_pylist()) == {1}
+    assert got["customer_id"].to_pylist() == sorted(t["customer_id"].to_pylist())
+    assert sorted(got["order_id"].to_pylist()) == list(range(5000))
+
+
+def test_pages_are_on_disk_and_stats_add_up(engine):
+    t = _orders(50_000)
+    trace = engine.arrange(t, key=["customer_id"], vals=["order_id", "amount", "status"])
+    s = trace.stats()
+    assert s["updates"] == 50_000
+    assert s["keys"] == len(set(t["customer_id"].to_pylist()))
+    assert s["bytes_on_disk"] > 0 and s["bytes_in_memory"] == 0
+    assert s["batches"] == 1
+    assert s["payload_bytes"] > 0
+    assert s["overhead_bytes_per_update"] < 16
+    assert s["peak_rss_bytes"] > 0
+    assert engine.stats()["bytes_spilled"] >= s["bytes_on_disk"]
+
+
+def test_insert_time_and_diff_columns_and_reads_at_times(engine):
+    base = pa.table({"k": [1, 2, 3], "v": ["a", "b", "c"]})
+    trace = engine.arrange(base, key=["k"], vals=["v"])
+    trace.insert(pa.table({"k": [2, 2], "v": ["b", "z"], "t": [5, 5], "d": [-1, 1]}),
+                 time="t", diff="d")
+    assert _snapshot_dict(trace, at=4) == {(1, "a"): 1, (2, "b"): 1, (3, "c"): 1}
+    assert _snapshot_dict(trace) == {(1, "a"): 1, (2, "z"): 1, (3, "c"): 1}
+    changes = trace.changes(5, 6).read_all().to_pylist()
+    assert changes == [{"k": 2, "v": "b", "time": 5, "diff": -1},
+                       {"k": 2, "v": "z", "time": 5, "diff": 1}]
+    look = trace.lookup(pa.table({"k": [2, 9, 1, 2]}), at=4).to_pylist()
+    assert look == [{"query_index": 0, "k": 2, "v": "b", "count": 1},
+                    {"query_index": 2, "k": 1, "v": "a", "count": 1},
+                    {"query_index": 3, "k": 2, "v": "b", "count": 1}]
+
+
+def test_multi_column_string_keys(engine):
+    t = pa.table({"a": ["x", "", "x", "é", "x"], "b": [2, 1, 1, 0, 2], "v": [1, 2, 3, 4, 5]})
+    trace = engine.arrange(t, key=["a", "b"])
+    got = trace.snapshot().read_all()
+    assert list(zip(got["a"].to_pylist(), got["b"].to_pylist())) == \
+        [("", 1), ("x", 1), ("x", 2), ("x", 2), ("é", 0)]
+    look = trace.lookup(pa.table({"b": [2], "a": ["x"]}))
+    assert sorted(look["v"].to_pylist()) == [1, 5]
+
+
+def test_bad_input_is_refused_before_anything_is_stored(engine, tmp_path):
+    t = _orders(100)
+    with pytest.raises(SchemaError, match="key column 'custommer_id'"):
+        engine.arrange(t, key=["custommer_id"])
+    with pytest.raises(FileNotFoundError, match="missing.parquet"):
+        engine.arrange(str(tmp_path / "missing.parquet"), key=["k"])
+    trace = engine.arrange(t, key=["customer_id"], vals=["amount"])
+    before = trace.snapshot().read_all()
+    with pytest.raises(SchemaError, match="time column 'amount'|negative"):
+        trace.insert(pa.table({"customer_id": [1], "amount": [-5]}), time="amount")
+    with pytest.raises(SchemaError, match="val column 'amount'"):
+        trace.insert(pa.table({"customer_id": [1]}))
+    with pytest.raises(SchemaError, match="key column 'customer_id' has type string"):
+        trace.insert(pa.table({"customer_id": ["x"], "amount": [1]}))
+    assert trace.snapshot().read_all().equals(before)
+
+
+def test_save_and_load_reuses_the_arrangement(tmp_path):
+    t = _orders(30_000)
+    with Engine(spill_dir=tmp_path, memory_budget="64MiB") as e1:
+        trace = e1.arrange(t, key=["customer_id"], vals=["order_id", "amount"])
+        expected = trace.snapshot().read_all()
+        trace.save(tmp_path / "saved")
+    with Engine(spill_dir=tmp_path, memory_budget="64MiB") as e2:
+        loaded = e2.load(tmp_path / "saved")
+        assert loaded.snapshot().read_all().equals(expected)
+        loaded.insert(pa.table({"customer_id": [1], "order_id": [-1], "amount": [7]}))
+        loaded.merge_all()
+        assert loaded.stats()["updates"] == 30_001
+    # the saved files belong to the directory and survive both engines
+    with Engine(spill_dir=tmp_path, memory_budget="64MiB") as e3:
+        assert e3.load(tmp_path / "saved").snapshot().read_all().equals(expected)
+
+
+def test_closed_engine_removes_its_spill_directory(tmp_path):
+    e = Engine(spill_dir=tmp_path, memory_budget="64MiB")
+    e.arrange(_orders(1000), key=["customer_id"])
+    spill = e.stats()["spill_dir"]
+    assert os.path.isdir(spill)
+    e.close()
+    assert not os.path.exists(spill)
+
+
+def test_public_names():
+    for name in ["Engine", "Trace", "TraceHandle", "SchemaError", "MemoryBudget",
+                 "BudgetExceeded", "SpillError", "PageFileError"]:
+        assert getattr(arrangedb, name) is not None
