@@ -25,6 +25,12 @@ _EXPORTS = {
     "BudgetExceeded": "arrangedb.pager",
     "SpillError": "arrangedb.pager",
     "PageFileError": "arrangedb.pager",
+    "join": "arrangedb.ops",
+    "reduce": "arrangedb.ops",
+    "distinct": "arrangedb.ops",
+    "top_k": "arrangedb.ops",
+    "threshold": "arrangedb.ops",
+    "group_by": "arrangedb.ops",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,0 +1,66 @@
+"""What the operators share: output batching, row/key index arithmetic, validation."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pyarrow as pa
+
+DEFAULT_BATCH_ROWS = 1 << 16
+
+
+def columns_of(table: pa.Table | None) -> list[pa.Array]:
+    if table is None:
+        return []
+    return [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in table.columns]
+
+
+def row_owner(bounds: np.ndarray) -> np.ndarray:
+    """For rows grouped by ``bounds`` (len g+1), the group index of every row."""
+    return np.repeat(np.arange(len(bounds) - 1, dtype=np.int64), np.diff(bounds))
+
+
+def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenation of ``arange(s, s + n)`` for each (s, n), without a Python loop."""
+    lengths = lengths.astype(np.int64, copy=False)
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    offsets = np.zeros(len(lengths), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=offsets[1:])
+    return np.arange(total, dtype=np.int64) + np.repeat(starts.astype(np.int64) - offsets, lengths)
+
+
+def output_chunks(sizes: np.ndarray, batch_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Cut a virtual concatenation of groups (group g has ``sizes[g]`` rows) into chunks of
+    at most ``batch_rows`` rows; yields (group of each row, position within its group).
+
+    Lets a cross product or an expansion far larger than memory come out in bounded
+    batches: only one chunk's index arrays ever exist.
+    """
+    sizes = sizes.astype(np.int64, copy=False)
+    ends = np.cumsum(sizes)
+    total = int(ends[-1]) if len(ends) else 0
+    starts = ends - sizes
+    for lo in range(0, total, batch_rows):
+        hi = min(total, lo + batch_rows)
+        g0 = int(np.searchsorted(ends, lo, side="right"))
+        g1 = int(np.searchsorted(ends, hi - 1, side="right")) + 1
+        # rows lo..hi fall in groups g0..g1-1
+        sub = np.minimum(ends[g0:g1], hi) - np.maximum(starts[g0:g1], lo)
+        group = np.repeat(np.arange(g0, g1, dtype=np.int64), sub)
+        first = np.maximum(starts[g0:g1], lo) - starts[g0:g1]
+        pos = ranges(first, sub)
+        yield group, pos
+
+
+def check_batch_rows(batch_rows: int) -> int:
+    if not isinstance(batch_rows, (int, np.integer)) or batch_rows <= 0:
+        raise ValueError(f"batch_rows must be a positive int, got {batch_rows!r}")
+    return int(batch_rows)
+
+
+def check_time(name: str, value) -> None:
+    if value is not None and (not isinstance(value, (int, np.integer)) or value < 0):
+        raise ValueError(f"{name}={value!r}: times are non-negative ints")

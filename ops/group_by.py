@@ -1,0 +1,237 @@
+"""group_by: aggregate a stream of Arrow batches on columns other than an arrangement key.
+
+Design
+------
+Each incoming batch is reduced to *partial aggregates* per group with Arrow's grouped
+kernels (weighted sums and counts, mins, maxes); partials are combined while they fit
+in a quarter of the budget. When they no longer fit, they are arranged -- keyed by the
+group columns, partial values as vals -- into a trace of an engine, which sorts and
+spills them like any arrangement. At the end the trace's cursor yields every group's
+partials together (a block never splits a key), and they are combined per block with
+the same count-weighted kernels the reductions use; identical partial rows that the
+arrangement consolidated into one row with count c are weighed by c, so nothing is
+lost. Groups with a null in a group column never enter the arrangement (keys cannot be
+null); they are few and stay in memory.
+
+``weight`` names a column of per-row multiplicities (a join's ``count``): a row with
+weight 3 counts three times and adds three times its value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from arrangedb.ops.aggregate import aggregate, check_aggs, output_field
+from arrangedb.ops.common import DEFAULT_BATCH_ROWS, columns_of
+
+_COMBINE = {"n": "sum", "s": "sum", "v": "sum", "min": "min", "max": "max"}
+
+
+def _open(stream) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    if isinstance(stream, pa.Table):
+        return stream.schema, iter(stream.to_batches())
+    if isinstance(stream, pa.RecordBatch):
+        return stream.schema, iter([stream])
+    if isinstance(stream, pa.RecordBatchReader):
+        return stream.schema, iter(stream)
+    if isinstance(stream, Iterable):
+        it = iter(stream)
+        first = next(it, None)
+        if first is None:
+            raise ValueError("group_by: the stream is empty and has no schema; pass a "
+                             "RecordBatchReader or Table to aggregate nothing")
+
+        def chain():
+            yield first
+            yield from it
+        return first.schema, chain()
+    raise TypeError(f"group_by: expected Arrow batches (Table, RecordBatchReader, iterable "
+                    f"of RecordBatch), got {type(stream).__name__}")
+
+
+def _partial_names(aggs: dict) -> dict[str, list[tuple[str, str]]]:
+    """For each output, the partial columns it needs: (partial column, kind)."""
+    plan = {}
+    for name, (fn, _col) in aggs.items():
+        kinds = {"count": ["n"], "sum": ["s", "v"], "mean": ["s", "n"], "min": ["min"],
+                 "max": ["max"]}[fn]
+        plan[name] = [(f"__{name}__{k}", k) for k in kinds]
+    return plan
+
+
+class _Partials:
+    def __init__(self, by: list[str], aggs: dict, plan: dict, schema: pa.Schema,
+                 weight: str | None):
+        self.by, self.aggs, self.plan, self.schema, self.weight = by, aggs, plan, schema, weight
+
+    def of_batch(self, rb: pa.RecordBatch) -> pa.Table:
+        n = rb.num_rows
+        w = (rb.column(self.weight).to_numpy(zero_copy_only=False).astype(np.int64)
+             if self.weight else np.ones(n, np.int64))
+        cols = {b: rb.column(b) for b in self.by}
+        for name, (fn, col) in self.aggs.items():
+            arr = rb.column(col) if col is not None else None
+            valid = (np.ones(n, bool) if arr is None or arr.null_count == 0
+                     else arr.is_valid().to_numpy(zero_copy_only=False))
+            for pname, kind in self.plan[name]:
+                if kind == "n":
+                    cols[pname] = pa.array(w * valid)
+                elif kind == "v":
+                    cols[pname] = pa.array(valid.astype(np.int64))
+                elif kind == "s":
+                    typ = np.float64 if pa.types.is_floating(arr.type) else np.int64
+                    x = (arr.fill_null(0) if arr.null_count else arr).to_numpy(
+                        zero_copy_only=False).astype(typ, copy=False)
+                    cols[pname] = pa.array(x * w * valid)
+                else:  # min / max over rows present with a positive weight
+                    cols[pname] = pc.if_else(pa.array(w > 0), arr, pa.nulls(n, arr.type))
+        return self.combine(pa.table(cols))
+
+    def combine(self, table: pa.Table) -> pa.Table:
+        specs = [(c, _COMBINE[c.rsplit("__", 1)[1]]) for c in table.column_names
+                 if c not in self.by]
+        out = table.group_by(self.by, use_threads=False).aggregate(specs)
+        return out.rename_columns([c.rsplit("_", 1)[0] if c not in self.by else c
+                                   for c in out.column_names]).select(table.column_names)
+
+    def finish(self, part: pa.Table) -> pa.RecordBatch:
+        arrays = [part.column(b).combine_chunks() for b in self.by]
+        fields = [self.schema.field(b) for b in self.by]
+        for name, (fn, col) in self.aggs.items():
+            field = output_field(name, fn, col, self.schema)
+            p = {k: part.column(c).combine_chunks() for c, k in self.plan[name]}
+            if fn == "count":
+                arr = p["n"].fill_null(0)
+            elif fn == "sum":
+                s = p["s"].to_numpy(zero_copy_only=False)
+                arr = pa.array(s, field.type, mask=p["v"].fill_null(0).to_numpy(
+                    zero_copy_only=False) == 0)
+            elif fn == "mean":
+                s = p["s"].fill_null(0).to_numpy(zero_copy_only=False).astype(np.float64)
+                nn = p["n"].fill_null(0).to_numpy(zero_copy_only=False)
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    arr = pa.array(s / np.where(nn == 0, 1, nn), pa.float64(), mask=nn == 0)
+            else:
+                arr = p[fn]
+            arrays.append(arr.cast(field.type))
+            fields.append(field)
+        return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def _has_null_key(table: pa.Table, by: list[str]) -> np.ndarray:
+    mask = np.zeros(table.num_rows, dtype=bool)
+    for b in by:
+        col = table.column(b)
+        if col.null_count:
+            mask |= col.is_null().to_numpy(zero_copy_only=False)
+    return mask
+
+
+def group_by(stream, by, aggs: dict, weight: str | None = "count", engine=None,
+             memory_budget="256MiB", spill_dir=None,
+             batch_rows: int = DEFAULT_BATCH_ROWS) -> pa.RecordBatchReader:
+    """Group a stream of Arrow batches by ``by`` columns and aggregate, within a budget.
+
+    ``aggs`` as in :func:`arrangedb.reduce`: output name -> (function, column), function
+    in count, sum, min, max, mean. ``weight`` names a multiplicity column (default
+    ``count``, used when the stream has one; None: every row counts once). Spills partial
+    aggregates through an engine (``engine``, else one made with ``memory_budget`` and
+    ``spill_dir``) when the groups do not fit.
+    """
+    by = [by] if isinstance(by, str) else list(by)
+    schema, batches = _open(stream)
+    for b in by:
+        if b not in schema.names:
+            raise KeyError(f"group_by: no column {b!r} in the stream (columns: {schema.names})")
+    aggs = check_aggs(aggs, schema, "the stream")
+    for name, (fn, _c) in aggs.items():
+        if fn == "count_distinct":
+            raise ValueError(f"aggs[{name!r}]: group_by supports count, sum, min, max and "
+                             "mean; count_distinct over a stream needs the distinct pairs "
+                             "arranged first: arrange (by + column) key-only, then reduce")
+    if weight is not None and weight not in schema.names:
+        if weight != "count":
+            raise KeyError(f"group_by: no weight column {weight!r} (columns: {schema.names})")
+        weight = None
+    if weight is not None and not pa.types.is_integer(schema.field(weight).type):
+        raise TypeError(f"group_by: weight column {weight!r} must be integer, "
+                        f"is {schema.field(weight).type}")
+    partials = _Partials(by, aggs, _partial_names(aggs), schema, weight)
+    return pa.RecordBatchReader.from_batches(
+        _output_schema(partials), _run(partials, batches, engine, memory_budget, spill_dir,
+                                       batch_rows))
+
+
+def _output_schema(partials: _Partials) -> pa.Schema:
+    fields = [partials.schema.field(b) for b in partials.by]
+    fields += [output_field(n, f, c, partials.schema) for n, (f, c) in partials.aggs.items()]
+    return pa.schema(fields)
+
+
+def _run(partials: _Partials, batches, engine, memory_budget, spill_dir, batch_rows):
+    from arrangedb.spine.engine import Engine
+
+    own_engine = None
+    trace = None
+    held: list[pa.Table] = []
+    held_bytes = 0
+    try:
+        if engine is None:
+            own_engine = engine = Engine(spill_dir=spill_dir, memory_budget=memory_budget)
+        limit = max(engine.budget.limit // 4, 1 << 20)
+        for rb in batches:
+            if rb.num_rows == 0:
+                continue
+            part = partials.of_batch(rb)
+            held.append(part)
+            held_bytes += part.nbytes
+            if held_bytes < limit:
+                continue
+            combined = partials.combine(pa.concat_tables(held))
+            held, held_bytes = [combined], combined.nbytes
+            if held_bytes < limit // 2:
+                continue
+            nulls = _has_null_key(combined, partials.by)
+            spill = combined.filter(pa.array(~nulls))
+            vals = [c for c in combined.column_names if c not in partials.by]
+            if trace is None:
+                trace = engine.arrange(spill, key=partials.by, vals=vals)
+            else:
+                trace.insert(spill)
+            held = [combined.filter(pa.array(nulls))]
+            held_bytes = held[0].nbytes
+        rest = partials.combine(pa.concat_tables(held)) if held else None
+        if trace is None:
+            if rest is not None and rest.num_rows:
+                for rb in rest.to_batches(max_chunksize=batch_rows):
+                    yield partials.finish(pa.Table.from_batches([rb]))
+            return
+        if rest is not None and rest.num_rows:
+            nulls = _has_null_key(rest, partials.by)
+            trace.insert(rest.filter(pa.array(~nulls)))
+            rest = rest.filter(pa.array(nulls))
+            if rest.num_rows:
+                yield partials.finish(rest)
+        yield from _finish_spilled(partials, trace)
+    finally:
+        if own_engine is not None:
+            own_engine.close()
+
+
+def _finish_spilled(partials: _Partials, trace) -> Iterator[pa.RecordBatch]:
+    """Combine each group's spilled partials, weighing consolidated rows by their count."""
+    specs = {}
+    for c in trace.val_names:
+        kind = c.rsplit("__", 1)[1]
+        specs[c] = ({"n": "sum", "s": "sum", "v": "sum"}.get(kind, kind), c)
+    for b in trace.cursor():
+        if not len(b):
+            continue
+        arrays = aggregate(b.key_bounds, b.vals, b.counts, specs, trace.val_schema)
+        table = pa.Table.from_arrays(columns_of(b.keys) + arrays,
+                                     names=partials.by + list(specs))
+        yield partials.finish(table)

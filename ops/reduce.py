@@ -1,0 +1,198 @@
+"""Per-key reductions of one arrangement: reduce, distinct, top_k, threshold.
+
+Each walks the trace's cursor block by block (a block never splits a key), so a key's
+rows are complete in one block and every function is an array operation over the
+block's groups. Output streams in the cursor's bounded blocks.
+
+Incremental ``reduce(since=, upto=)``: the keys a change in ``[since, upto)`` touches
+are read from the changes cursor; their old (``since - 1``) and new (``upto - 1``)
+accumulations come from the trace's batched ``lookup``; each key whose aggregates
+differ yields a retraction of the old row and an insertion of the new one, at the time
+of the key's last change in the interval. Applying them to the result at ``since - 1``
+gives the result at ``upto - 1``; a reduction's values at times in between are not
+materialised.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from arrangedb.ops.aggregate import aggregate, check_aggs, grouped_sum, output_field
+from arrangedb.ops.common import check_time, columns_of
+from arrangedb.ops.join import _lookup_block
+from arrangedb.spine.cursor import Block, blocks
+from arrangedb.spine.order import codes
+
+
+def _agg_schema(trace, aggs: dict, changes: bool) -> pa.Schema:
+    fields = list(trace.key_schema) + [output_field(n, f, c, trace.val_schema)
+                                       for n, (f, c) in aggs.items()]
+    if changes:
+        fields += [pa.field("time", pa.uint64()), pa.field("diff", pa.int64())]
+    return pa.schema(fields)
+
+
+def _reduce_block(b: Block, aggs, val_schema) -> tuple[pa.Table, list[pa.Array], np.ndarray]:
+    """Distinct keys whose rows net a non-zero count, and their aggregates."""
+    arrays = aggregate(b.key_bounds, b.vals, b.counts, aggs, val_schema)
+    net = grouped_sum(b.counts.astype(np.int64, copy=False), b.key_bounds)
+    return b.keys, arrays, net != 0
+
+
+def _snapshot(trace, aggs, at, schema):
+    for b in blocks(trace, at=at):
+        if not len(b):
+            continue
+        keys, arrays, keep = _reduce_block(b, aggs, trace.val_schema)
+        if not keep.all():
+            idx = pa.array(np.flatnonzero(keep), pa.int64())
+            keys, arrays = keys.take(idx), [a.take(idx) for a in arrays]
+        if keys.num_rows:
+            yield pa.RecordBatch.from_arrays(columns_of(keys) + arrays, schema=schema)
+
+
+def _rows_equal(a: list[pa.Array], b: list[pa.Array], n: int) -> np.ndarray:
+    same = np.ones(n, dtype=bool)
+    for x, y in zip(a, b):
+        eq = pa.compute.equal(x, y).fill_null(False).to_numpy(zero_copy_only=False)
+        both_null = (x.is_null().to_numpy(zero_copy_only=False)
+                     & y.is_null().to_numpy(zero_copy_only=False))
+        same &= eq | both_null
+    return same
+
+
+def _incremental(trace, aggs, since, upto, schema):
+    for d in blocks(trace, changes=(since, upto)):
+        if d.num_keys == 0:
+            continue
+        last_time = np.maximum.reduceat(d.times, d.key_bounds[:-1])
+        new = _lookup_block(trace, d.keys, upto - 1 if upto is not None else None)
+        if since > 0:
+            old = _lookup_block(trace, d.keys, since - 1)
+        else:
+            old = Block(d.keys, np.zeros(d.num_keys + 1, np.int64),
+                        trace.val_schema.empty_table() if trace.val_schema is not None else None,
+                        np.zeros(0, np.int64))
+        _, new_a, new_has = _reduce_block(new, aggs, trace.val_schema)
+        _, old_a, old_has = _reduce_block(old, aggs, trace.val_schema)
+        same = new_has & old_has & _rows_equal(new_a, old_a, d.num_keys)
+        retract = np.flatnonzero(old_has & ~same)
+        insert = np.flatnonzero(new_has & ~same)
+        sel = np.concatenate([retract, insert])
+        if not len(sel):
+            continue
+        order = np.argsort(sel, kind="stable")       # key order, retraction first
+        sel = sel[order]
+        side = np.concatenate([np.zeros(len(retract), bool), np.ones(len(insert), bool)])[order]
+        idx = pa.array(sel, pa.int64())
+        arrays = [pa.compute.if_else(pa.array(side), n.take(idx), o.take(idx))
+                  for n, o in zip(new_a, old_a)]
+        arrays = [a.cast(f.type) for a, f in zip(arrays, list(schema)[len(trace.key_names):])]
+        yield pa.RecordBatch.from_arrays(
+            columns_of(d.keys.take(idx)) + arrays
+            + [pa.array(last_time[sel], pa.uint64()),
+               pa.array(np.where(side, 1, -1).astype(np.int64))], schema=schema)
+
+
+def reduce(trace, aggs: dict, at: int | None = None, since: int | None = None,
+           upto: int | None = None) -> pa.RecordBatchReader:
+    """One row per key: the key columns and one column per aggregate.
+
+    ``aggs`` maps an output name to ``(function, column)``, function in count, sum, min,
+    max, count_distinct, mean (``count`` with column None counts rows). Counts weigh
+    every row. With ``since`` (and ``upto``), the result's changes instead: the same
+    columns plus ``time`` and ``diff``.
+    """
+    aggs = check_aggs(aggs, trace.val_schema, f"trace {trace.name or ''} vals".strip())
+    for name, value in (("at", at), ("since", since), ("upto", upto)):
+        check_time(name, value)
+    if since is None:
+        if upto is not None:
+            raise ValueError("upto= needs since= (the incremental form)")
+        trace._check_read_time(at)
+        schema = _agg_schema(trace, aggs, changes=False)
+        return pa.RecordBatchReader.from_batches(schema, _snapshot(trace, aggs, at, schema))
+    if at is not None:
+        raise ValueError("give either at= (a snapshot) or since=/upto= (changes), not both")
+    if upto is not None and upto <= since:
+        raise ValueError(f"upto={upto} must be greater than since={since}")
+    if since > 0:
+        trace._check_read_time(since - 1)
+    schema = _agg_schema(trace, aggs, changes=True)
+    return pa.RecordBatchReader.from_batches(schema, _incremental(trace, aggs, since, upto,
+                                                                  schema))
+
+
+def _filtered(trace, at, keep_fn, count_fn=None):
+    """Snapshot rows of ``trace`` kept by ``keep_fn(block) -> bool mask``."""
+    trace._check_read_time(at)
+    schema = trace._output_schema(pa.field("count", pa.int64()))
+
+    def gen():
+        for b in blocks(trace, at=at):
+            if not len(b):
+                continue
+            keep = keep_fn(b)
+            rows = np.flatnonzero(keep)
+            if not len(rows):
+                continue
+            counts = b.counts[rows] if count_fn is None else count_fn(b, rows)
+            idx = pa.array(rows, pa.int64())
+            yield pa.RecordBatch.from_arrays(
+                columns_of(b.row_keys().take(idx)) + columns_of(
+                    b.vals.take(idx) if b.vals is not None else None)
+                + [pa.array(counts, pa.int64())], schema=schema)
+    return pa.RecordBatchReader.from_batches(schema, gen())
+
+
+def distinct(trace, at: int | None = None) -> pa.RecordBatchReader:
+    """Each (key, vals) present with a positive count, once (``count`` = 1)."""
+    return _filtered(trace, at, lambda b: b.counts > 0,
+                     lambda b, rows: np.ones(len(rows), np.int64))
+
+
+def threshold(trace, predicate, at: int | None = None) -> pa.RecordBatchReader:
+    """Rows whose count passes ``predicate`` (called on a numpy array of counts)."""
+    if not callable(predicate):
+        raise TypeError(f"predicate must be callable on an array of counts, got {predicate!r}")
+
+    def keep(b):
+        mask = np.asarray(predicate(b.counts))
+        if mask.dtype != bool or mask.shape != b.counts.shape:
+            raise TypeError("predicate must return a boolean array shaped like the counts "
+                            "(it is called on a whole block: use numpy comparisons)")
+        return mask
+    return _filtered(trace, at, keep)
+
+
+def top_k(trace, k: int, by, descending: bool = True, at: int | None = None
+          ) -> pa.RecordBatchReader:
+    """Per key, the ``k`` rows first by ``by`` (counts weigh: a row of count 3 is 3 rows)."""
+    if not isinstance(k, (int, np.integer)) or k <= 0:
+        raise ValueError(f"k must be a positive int, got {k!r}")
+    by = [by] if isinstance(by, str) else list(by)
+    for col in by:
+        if col not in trace.val_names:
+            raise KeyError(f"top_k: no val column {col!r} (vals: {trace.val_names})")
+    taken: dict = {}
+
+    def keep(b):
+        present = b.counts > 0
+        group = np.repeat(np.arange(b.num_keys), np.diff(b.key_bounds))
+        rank = codes([b.vals.select(by)], by)[0].astype(np.int64)
+        rank = -rank if descending else rank
+        order = np.lexsort((rank, ~present, group))   # within a key: present rows by rank
+        c = np.where(present, b.counts, 0)[order]
+        csum = np.cumsum(c)
+        group_start_sum = np.concatenate([[0], csum])[b.key_bounds[:-1]]
+        before = csum - c - group_start_sum[group[order]]
+        allowed = np.clip(k - before, 0, None)
+        out = np.minimum(c, allowed)
+        mask = np.zeros(len(b.counts), dtype=bool)
+        counts = np.zeros(len(b.counts), dtype=np.int64)
+        mask[order] = out > 0
+        counts[order] = out
+        taken["counts"] = counts
+        return mask
+    return _filtered(trace, at, keep, lambda b, rows: taken["counts"][rows])

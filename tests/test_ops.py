@@ -1,0 +1,269 @@
+"""Operators against DuckDB as the oracle, on random data, through the public API.
+
+Results are compared as multisets. Joins with ``expand=True`` are SQL joins; without it
+every row carries the product of the two sides' counts, which ``expand`` undoes.
+Incremental outputs are checked against the difference of two snapshots.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import arrangedb as adb
+
+SETTINGS = settings(max_examples=25, deadline=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                           HealthCheck.too_slow])
+
+
+def bag(table: pa.Table, columns=None) -> Counter:
+    table = table.select(columns) if columns else table
+    return Counter(tuple(r.values()) for r in table.to_pylist())
+
+
+def weighted_bag(table: pa.Table, columns, weight="count") -> Counter:
+    c = Counter()
+    for r in table.to_pylist():
+        c[tuple(r[k] for k in columns)] += r[weight]
+    return +c
+
+
+def sql(query: str, **tables) -> pa.Table:
+    con = duckdb.connect()
+    for name, t in tables.items():
+        con.register(name, t)
+    return con.sql(query).to_arrow_table()
+
+
+KEY_KINDS = ["int", "string", "multi"]
+
+
+def make_side(rng, n, nkeys, kind, val_name, skew=False, null_vals=False):
+    k = rng.integers(0, nkeys, n) if nkeys else np.zeros(n, np.int64)
+    if skew and n:
+        k[: max(1, n // 10)] = 0                       # one key holds 10% of the rows
+    v = rng.integers(0, 4, n)
+    vals = pa.array(v, pa.int64(), mask=(rng.random(n) < 0.2) if null_vals else None)
+    cols = {}
+    if kind == "int":
+        cols["k"] = pa.array(k, pa.int64())
+    elif kind == "string":
+        cols["k"] = pa.array([f"ké{x}" if x % 3 else "" if x == 0 else f"k{x}" for x in k],
+                             pa.string())
+    else:
+        cols["k"] = pa.array(k // 3, pa.int64())
+        cols["k2"] = pa.array([f"s{x % 3}" for x in k], pa.string())
+    cols[val_name] = vals
+    return pa.table(cols)
+
+
+def key_cols(kind):
+    return ["k", "k2"] if kind == "multi" else ["k"]
+
+
+@pytest.fixture
+def engine(tmp_path):
+    with adb.Engine(spill_dir=tmp_path, memory_budget="64MiB") as e:
+        yield e
+
+
+sides = st.tuples(st.integers(0, 200), st.integers(0, 200), st.integers(1, 40),
+                  st.booleans(), st.booleans(), st.integers(0, 2**32 - 1))
+
+
+@pytest.mark.parametrize("kind", KEY_KINDS)
+@SETTINGS
+@given(sides)
+def test_join_matches_duckdb(engine, kind, params):
+    nl, nr, nkeys, skew, nulls, seed = params
+    rng = np.random.default_rng(seed)
+    L = make_side(rng, nl, nkeys, kind, "a", skew, nulls)
+    R = make_side(rng, nr, nkeys + 5, kind, "b", skew, nulls)
+    keys = key_cols(kind)
+    lt, rt = engine.arrange(L, key=keys), engine.arrange(R, key=keys)
+    on = " and ".join(f"L.{k} = R.{k}" for k in keys)
+    kl = ", ".join(f"L.{k}" for k in keys)
+    cols = keys + ["a", "b"]
+    got = adb.join(lt, rt, expand=True, batch_rows=97).read_all()
+    assert bag(got, cols) == bag(sql(f"select {kl}, a, b from L join R on {on}", L=L, R=R))
+    assert weighted_bag(adb.join(lt, rt).read_all(), cols) == bag(got, cols)
+    got = adb.join(lt, rt, how="left", expand=True).read_all()
+    assert bag(got, cols) == bag(sql(f"select {kl}, a, b from L left join R on {on}", L=L, R=R))
+    for how, q in (("semi", "semi"), ("anti", "anti")):
+        got = adb.join(lt, rt, how=how, expand=True).read_all()
+        want = sql(f"select {kl}, a from L {q} join R on {on}", L=L, R=R)
+        assert bag(got, keys + ["a"]) == bag(want), how
+
+
+@pytest.mark.parametrize("kind", KEY_KINDS)
+@SETTINGS
+@given(sides)
+def test_reduce_matches_duckdb(engine, kind, params):
+    n, _, nkeys, skew, nulls, seed = params
+    rng = np.random.default_rng(seed)
+    T = make_side(rng, n, nkeys, kind, "a", skew, nulls)
+    keys = key_cols(kind)
+    tr = engine.arrange(T, key=keys)
+    aggs = {"n": ("count", None), "na": ("count", "a"), "s": ("sum", "a"), "lo": ("min", "a"),
+            "hi": ("max", "a"), "cd": ("count_distinct", "a"), "m": ("mean", "a")}
+    got = adb.reduce(tr, aggs).read_all()
+    kl = ", ".join(keys)
+    want = sql(f"select {kl}, count(*) n, count(a) na, cast(sum(a) as bigint) s, min(a) lo, "
+               f"max(a) hi, count(distinct a) cd, avg(a) m from T group by {kl}", T=T)
+    assert bag(got) == bag(want)
+
+
+@SETTINGS
+@given(sides)
+def test_group_by_over_a_join_matches_duckdb(tmp_path_factory, params):
+    nl, nr, nkeys, skew, nulls, seed = params
+    rng = np.random.default_rng(seed)
+    L = make_side(rng, nl, nkeys, "int", "a", skew, nulls)
+    R = make_side(rng, nr, nkeys, "int", "b", skew, nulls)
+    with adb.Engine(spill_dir=tmp_path_factory.mktemp("s"), memory_budget="64MiB") as e:
+        lt, rt = e.arrange(L, key=["k"]), e.arrange(R, key=["k"])
+        got = adb.group_by(adb.join(lt, rt), by=["b"],
+                           aggs={"n": ("count", None), "s": ("sum", "a"), "m": ("mean", "a"),
+                                 "lo": ("min", "a"), "hi": ("max", "a")}, engine=e).read_all()
+    want = sql("select b, count(*) n, cast(sum(a) as bigint) s, avg(a) m, min(a) lo, max(a) hi "
+               "from L join R using (k) group by b", L=L, R=R)
+    assert bag(got) == bag(want)
+
+
+def test_group_by_spills_partials_when_groups_do_not_fit(tmp_path):
+    """Many groups under a tiny budget: partials go through an arrangement, result exact."""
+    rng = np.random.default_rng(3)
+    batches = [pa.record_batch({"g": rng.integers(0, 200_000, 50_000),
+                                "x": rng.integers(0, 100, 50_000),
+                                "count": rng.integers(1, 3, 50_000)}) for _ in range(8)]
+    T = pa.Table.from_batches(batches)
+    with adb.Engine(spill_dir=tmp_path, memory_budget="8MiB") as e:
+        got = adb.group_by(iter(batches), by="g", aggs={"n": ("count", None),
+                                                        "s": ("sum", "x"), "hi": ("max", "x")},
+                           engine=e).read_all()
+        assert e.stats()["bytes_spilled"] > 0
+    want = sql("select g, sum(count) n, sum(x * count) s, max(x) hi from T group by g", T=T)
+    assert bag(got) == bag(want.cast(got.schema))
+
+
+def test_top_k_distinct_threshold(engine):
+    T = pa.table({"k": [1, 1, 1, 1, 2, 2, 3], "v": [5, 9, 7, 9, 1, 2, 4]})
+    t = engine.arrange(T, key=["k"])
+    got = adb.top_k(t, 2, "v").read_all()
+    assert weighted_bag(got, ["k", "v"]) == Counter({(1, 9): 2, (2, 2): 1, (2, 1): 1, (3, 4): 1})
+    got = adb.top_k(t, 1, "v", descending=False).read_all()
+    assert weighted_bag(got, ["k", "v"]) == Counter({(1, 5): 1, (2, 1): 1, (3, 4): 1})
+    assert bag(adb.distinct(t).read_all()) == Counter(
+        {(1, 5, 1): 1, (1, 7, 1): 1, (1, 9, 1): 1, (2, 1, 1): 1, (2, 2, 1): 1, (3, 4, 1): 1})
+    assert bag(adb.threshold(t, lambda c: c >= 2).read_all()) == Counter({(1, 9, 2): 1})
+
+
+def _history(rng, n, nkeys, times):
+    """Random updates with retractions: inserts at random times, some retracted later."""
+    k = rng.integers(0, nkeys, n)
+    v = rng.integers(0, 3, n)
+    t = rng.integers(0, times, n)
+    d = np.ones(n, np.int64)
+    retract = rng.random(n) < 0.3
+    rk, rv = k[retract], v[retract]
+    rt = np.minimum(t[retract] + rng.integers(0, times, retract.sum()), times - 1)
+    return pa.table({"k": np.concatenate([k, rk]), "v": np.concatenate([v, rv]),
+                     "t": np.concatenate([t, rt]).astype(np.uint64),
+                     "d": np.concatenate([d, -np.ones(len(rk), np.int64)])})
+
+
+def _apply(old: Counter, changes: pa.Table, cols) -> Counter:
+    new = Counter(old)
+    for r in changes.to_pylist():
+        new[tuple(r[c] for c in cols)] += r["diff"]
+    return Counter({k: v for k, v in new.items() if v})
+
+
+@SETTINGS
+@given(st.integers(0, 150), st.integers(0, 150), st.integers(1, 20), st.integers(1, 8),
+       st.integers(0, 2**32 - 1))
+def test_incremental_join_is_the_difference_of_snapshots(tmp_path_factory, nl, nr, nkeys,
+                                                        times, seed):
+    rng = np.random.default_rng(seed)
+    with adb.Engine(spill_dir=tmp_path_factory.mktemp("s"), memory_budget="64MiB") as e:
+        L = e.arrange(_history(rng, nl, nkeys, times), key=["k"], vals=["v"], time="t",
+                      diff="d")
+        R = e.arrange(_history(rng, nr, nkeys, times).rename_columns(["k", "w", "t", "d"]),
+                      key=["k"], vals=["w"], time="t", diff="d")
+        since = int(rng.integers(0, times))
+        upto = int(rng.integers(since + 1, times + 2))
+        cols = ["k", "v", "w"]
+        old = (weighted_bag(adb.join(L, R, at=since - 1).read_all(), cols)
+               if since else Counter())
+        new = weighted_bag(adb.join(L, R, at=upto - 1).read_all(), cols)
+        ch = adb.join(L, R, since=since, upto=upto).read_all()
+        assert ch.schema.names == ["k", "v", "w", "time", "diff"]
+        assert all(since <= t < upto for t in ch.column("time").to_pylist())
+        assert _apply(old, ch, cols) == new
+        # the changes are exact at every time in between, not only at the end
+        mid = (since + upto) // 2
+        at_mid = weighted_bag(adb.join(L, R, at=mid).read_all(), cols) if mid >= since else old
+        early = ch.filter(pa.compute.less_equal(ch.column("time"), mid))
+        assert _apply(old, early, cols) == at_mid
+
+
+@SETTINGS
+@given(st.integers(0, 200), st.integers(1, 20), st.integers(1, 8), st.integers(0, 2**32 - 1))
+def test_incremental_reduce_is_the_difference_of_snapshots(tmp_path_factory, n, nkeys, times,
+                                                          seed):
+    rng = np.random.default_rng(seed)
+    with adb.Engine(spill_dir=tmp_path_factory.mktemp("s"), memory_budget="64MiB") as e:
+        T = e.arrange(_history(rng, n, nkeys, times), key=["k"], vals=["v"], time="t",
+                      diff="d")
+        aggs = {"n": ("count", None), "s": ("sum", "v"), "hi": ("max", "v")}
+        since = int(rng.integers(0, times))
+        upto = int(rng.integers(since + 1, times + 2))
+        cols = ["k", "n", "s", "hi"]
+        old = bag(adb.reduce(T, aggs, at=since - 1).read_all(), cols) if since else Counter()
+        new = bag(adb.reduce(T, aggs, at=upto - 1).read_all(), cols)
+        ch = adb.reduce(T, aggs, since=since, upto=upto).read_all()
+        assert _apply(old, ch, cols) == new
+
+
+def test_bad_input_is_refused_before_any_work(engine):
+    a = engine.arrange(pa.table({"k": [1, 2], "s": ["x", "y"]}), key=["k"])
+    b = engine.arrange(pa.table({"k": ["1"], "v": [1]}), key=["k"])
+    with pytest.raises(TypeError, match="key types differ"):
+        adb.join(a, b)
+    with pytest.raises(ValueError, match="unknown how"):
+        adb.join(a, a, how="outer")
+    with pytest.raises(ValueError, match="unknown function"):
+        adb.reduce(a, {"x": ("median", "s")})
+    with pytest.raises(TypeError, match="numeric"):
+        adb.reduce(a, {"x": ("sum", "s")})
+    with pytest.raises(KeyError, match="no column 'nope'"):
+        adb.reduce(a, {"x": ("max", "nope")})
+    neg = engine.arrange(pa.table({"k": [1], "d": [-1]}), key=["k"], vals=[], diff="d")
+    with pytest.raises(ValueError, match="non-negative counts"):
+        adb.join(neg, engine.arrange(pa.table({"k": [1]}), key=["k"]), expand=True).read_all()
+    with pytest.raises(ValueError, match="inner"):
+        adb.join(a, a, how="left", since=0)
+
+
+def test_join_output_is_streamed_in_bounded_batches(engine):
+    """A skewed key whose cross product is 1M rows comes out in batches of batch_rows."""
+    L = pa.table({"k": np.zeros(1000, np.int64), "a": np.arange(1000)})
+    R = pa.table({"k": np.zeros(1000, np.int64), "b": np.arange(1000)})
+    lt, rt = engine.arrange(L, key=["k"]), engine.arrange(R, key=["k"])
+    sizes = [b.num_rows for b in adb.join(lt, rt, batch_rows=50_000)]
+    assert sum(sizes) == 1_000_000 and max(sizes) <= 50_000
+
+
+def test_join_clashing_names_are_prefixed(engine):
+    a = engine.arrange(pa.table({"k": [1], "x": [1], "y": [2]}), key=["k"])
+    b = engine.arrange(pa.table({"id": [1], "x": [3], "z": [4]}), key=["id"])
+    out = adb.join(a, b).read_all()
+    assert out.column_names == ["k", "left_x", "y", "right_x", "z", "count"]
+    assert out.to_pylist() == [{"k": 1, "left_x": 1, "y": 2, "right_x": 3, "z": 4, "count": 1}]
