@@ -98,6 +98,30 @@ class _Partials:
         return out.rename_columns([c.rsplit("_", 1)[0] if c not in self.by else c
                                    for c in out.column_names]).select(table.column_names)
 
+    def partial_schema(self) -> pa.Schema:
+        fields = [self.schema.field(b) for b in self.by]
+        for name, (fn, col) in self.aggs.items():
+            for pname, kind in self.plan[name]:
+                if kind in ("n", "v"):
+                    typ = pa.int64()
+                elif kind == "s":
+                    typ = (pa.float64() if pa.types.is_floating(self.schema.field(col).type)
+                           else pa.int64())
+                else:
+                    typ = self.schema.field(col).type
+                fields.append(pa.field(pname, typ))
+        return pa.schema(fields)
+
+    def as_partials(self, table: pa.Table) -> pa.RecordBatch:
+        """Emit combined partial rows as they are (the first phase of a two-phase plan)."""
+        return pa.RecordBatch.from_arrays([table.column(f.name).combine_chunks().cast(f.type)
+                                           for f in self.partial_schema()],
+                                          schema=self.partial_schema())
+
+    def of_partials(self, rb: pa.RecordBatch) -> pa.Table:
+        """Partial rows coming from a first phase: combined, never recomputed."""
+        return self.combine(pa.Table.from_batches([rb]).select(self.partial_schema().names))
+
     def finish(self, part: pa.Table) -> pa.RecordBatch:
         arrays = [part.column(b).combine_chunks() for b in self.by]
         fields = [self.schema.field(b) for b in self.by]
@@ -132,8 +156,9 @@ def _has_null_key(table: pa.Table, by: list[str]) -> np.ndarray:
 
 
 def group_by(stream, by, aggs: dict, weight: str | None = "count", engine=None,
-             memory_budget="256MiB", spill_dir=None,
-             batch_rows: int = DEFAULT_BATCH_ROWS) -> pa.RecordBatchReader:
+             memory_budget="256MiB", spill_dir=None, batch_rows: int = DEFAULT_BATCH_ROWS,
+             phase: str = "complete", source_schema: pa.Schema | None = None
+             ) -> pa.RecordBatchReader:
     """Group a stream of Arrow batches by ``by`` columns and aggregate, within a budget.
 
     ``aggs`` as in :func:`arrangedb.reduce`: output name -> (function, column), function
@@ -141,9 +166,22 @@ def group_by(stream, by, aggs: dict, weight: str | None = "count", engine=None,
     ``count``, used when the stream has one; None: every row counts once). Spills partial
     aggregates through an engine (``engine``, else one made with ``memory_budget`` and
     ``spill_dir``) when the groups do not fit.
+
+    ``phase`` splits the work for a distributed plan: ``"partial"`` emits partial
+    aggregates (columns of :meth:`_Partials.partial_schema`) instead of results, and
+    ``"final"`` takes such partials (from many producers) and finishes them; it needs
+    ``source_schema``, the schema of the rows the partials were computed from.
     """
+    if phase not in ("complete", "partial", "final"):
+        raise ValueError(f"phase must be complete, partial or final, not {phase!r}")
     by = [by] if isinstance(by, str) else list(by)
-    schema, batches = _open(stream)
+    stream_schema, batches = _open(stream)
+    schema = stream_schema
+    if phase == "final":
+        if source_schema is None:
+            raise ValueError("group_by(phase='final') needs source_schema=, the schema of "
+                             "the rows the partials were computed from")
+        schema, weight = source_schema, None
     for b in by:
         if b not in schema.names:
             raise KeyError(f"group_by: no column {b!r} in the stream (columns: {schema.names})")
@@ -161,9 +199,17 @@ def group_by(stream, by, aggs: dict, weight: str | None = "count", engine=None,
         raise TypeError(f"group_by: weight column {weight!r} must be integer, "
                         f"is {schema.field(weight).type}")
     partials = _Partials(by, aggs, _partial_names(aggs), schema, weight)
+    if phase == "final":
+        missing = [n for n in partials.partial_schema().names if n not in stream_schema.names]
+        if missing:
+            raise KeyError(f"group_by(phase='final'): the stream lacks partial columns "
+                           f"{missing}; feed it the output of phase='partial'")
+    first = partials.of_partials if phase == "final" else partials.of_batch
+    last = partials.as_partials if phase == "partial" else partials.finish
+    out_schema = partials.partial_schema() if phase == "partial" else _output_schema(partials)
     return pa.RecordBatchReader.from_batches(
-        _output_schema(partials), _run(partials, batches, engine, memory_budget, spill_dir,
-                                       batch_rows))
+        out_schema, _run(partials, batches, engine, memory_budget, spill_dir, batch_rows,
+                         first, last))
 
 
 def _output_schema(partials: _Partials) -> pa.Schema:
@@ -172,7 +218,8 @@ def _output_schema(partials: _Partials) -> pa.Schema:
     return pa.schema(fields)
 
 
-def _run(partials: _Partials, batches, engine, memory_budget, spill_dir, batch_rows):
+def _run(partials: _Partials, batches, engine, memory_budget, spill_dir, batch_rows,
+         first, last):
     from arrangedb.spine.engine import Engine
 
     own_engine = None
@@ -186,7 +233,7 @@ def _run(partials: _Partials, batches, engine, memory_budget, spill_dir, batch_r
         for rb in batches:
             if rb.num_rows == 0:
                 continue
-            part = partials.of_batch(rb)
+            part = first(rb)
             held.append(part)
             held_bytes += part.nbytes
             if held_bytes < limit:
@@ -208,21 +255,21 @@ def _run(partials: _Partials, batches, engine, memory_budget, spill_dir, batch_r
         if trace is None:
             if rest is not None and rest.num_rows:
                 for rb in rest.to_batches(max_chunksize=batch_rows):
-                    yield partials.finish(pa.Table.from_batches([rb]))
+                    yield last(pa.Table.from_batches([rb]))
             return
         if rest is not None and rest.num_rows:
             nulls = _has_null_key(rest, partials.by)
             trace.insert(rest.filter(pa.array(~nulls)))
             rest = rest.filter(pa.array(nulls))
             if rest.num_rows:
-                yield partials.finish(rest)
-        yield from _finish_spilled(partials, trace)
+                yield last(rest)
+        yield from _finish_spilled(partials, trace, last)
     finally:
         if own_engine is not None:
             own_engine.close()
 
 
-def _finish_spilled(partials: _Partials, trace) -> Iterator[pa.RecordBatch]:
+def _finish_spilled(partials: _Partials, trace, last) -> Iterator[pa.RecordBatch]:
     """Combine each group's spilled partials, weighing consolidated rows by their count."""
     specs = {}
     for c in trace.val_names:
@@ -234,4 +281,4 @@ def _finish_spilled(partials: _Partials, trace) -> Iterator[pa.RecordBatch]:
         arrays = aggregate(b.key_bounds, b.vals, b.counts, specs, trace.val_schema)
         table = pa.Table.from_arrays(columns_of(b.keys) + arrays,
                                      names=partials.by + list(specs))
-        yield partials.finish(table)
+        yield last(table)

@@ -1,1 +1,9 @@
-"""spark_integration"""
+"""arrangedb on Spark: executors mount an engine per partition (see api.py)."""
+
+from arrangedb.spark_integration.api import (ArrangedDataset, arrange_df, snapshot_join,
+                                             snapshot_reduce)
+from arrangedb.spark_integration.metrics import JobMetrics
+from arrangedb.spark_integration.session import local_session
+
+__all__ = ["ArrangedDataset", "JobMetrics", "arrange_df", "local_session", "snapshot_join",
+           "snapshot_reduce"]

@@ -1,0 +1,283 @@
+"""What runs inside a Spark task: one engine per partition, arranged from Arrow batches.
+
+Each function here is the body of a ``mapInArrow``: it receives the partition's Arrow
+batches, mounts an :class:`~arrangedb.Engine` on the executor's local directory with
+the task's share of the budget, arranges what comes in (spilling as needed), runs the
+operator, streams the output in bounded batches and closes the engine when the
+partition ends. Python workers are reused between tasks, so memory is measured from the
+task's own start (the engine's budget takes its baseline then).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+SIDE = "__arrangedb_side"
+NULLS = "__arrangedb_nulls"
+
+
+@dataclass
+class JoinSpec:
+    keys: list[str]
+    left_cols: list[str]        # column names in the shuffled rows
+    left_vals: list[str]        # ... as the arrangement names them
+    right_cols: list[str]
+    right_vals: list[str]
+    how: str
+    out_schema: pa.Schema
+    left_schema: pa.Schema      # keys + left vals, as arranged
+    right_schema: pa.Schema
+    cfg: object
+    metrics: object
+    left_path: str | None = None    # an arranged dataset's partition directory root
+    right_path: str | None = None
+    batch_rows: int = 1 << 16
+
+
+@dataclass
+class _Task:
+    """Accounting of one task, reported to the driver when the partition ends."""
+    cfg: object
+    metrics: object
+    rows_in: int = 0
+    rows_out: int = 0
+    started: float = field(default_factory=time.time)
+
+    def engine(self):
+        from arrangedb import Engine
+        from arrangedb.spark_integration.config import check_address_space, task_spill_root
+
+        check_address_space(self.cfg.budget_bytes)
+        return Engine(spill_dir=task_spill_root(self.cfg), memory_budget=self.cfg.budget_bytes)
+
+    def report(self, engine) -> None:
+        if self.metrics is None:
+            return
+        from arrangedb.pager import RSS_ALLOWANCE
+
+        s = engine.stats()
+        self.metrics.add_task(self.rows_in, self.rows_out, s["bytes_spilled"],
+                              s["peak_rss_bytes"] - s["baseline_rss_bytes"],
+                              self.cfg.budget_bytes, RSS_ALLOWANCE, time.time() - self.started)
+
+
+class SideBuilder:
+    """Buffers one side's rows and arranges them in chunks of about a sixth of the budget."""
+
+    def __init__(self, engine, keys: list[str], vals: list[str], schema: pa.Schema):
+        self.engine, self.keys, self.vals, self.schema = engine, keys, vals, schema
+        self.chunk = max(engine.budget.limit // 6, 1 << 20)
+        self.buffered: list[pa.RecordBatch] = []
+        self.size = 0
+        self.trace = None
+
+    def add(self, rb: pa.RecordBatch) -> None:
+        if rb.num_rows == 0:
+            return
+        if self.schema is not None and not rb.schema.equals(self.schema):
+            rb = pa.RecordBatch.from_arrays(rb.columns, schema=self.schema)  # nullability
+        self.engine.budget.reserve(rb.nbytes, "spark input buffer")
+        self.buffered.append(rb)
+        self.size += rb.nbytes
+        if self.size >= self.chunk:
+            self.flush()
+
+    def flush(self) -> None:
+        table = pa.Table.from_batches(self.buffered, schema=self.schema)
+        try:
+            if self.trace is None:
+                self.trace = self.engine.arrange(table, key=self.keys, vals=self.vals)
+            else:
+                self.trace.insert(table)
+        finally:
+            self.engine.budget.release(self.size, "spark input buffer")
+            self.buffered, self.size = [], 0
+
+    def done(self):
+        if self.buffered or self.trace is None:
+            self.flush()
+        return self.trace
+
+
+def _rename(rb: pa.RecordBatch, cols: list[str], names: list[str]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays([rb.column(c) for c in cols], names=names)
+
+
+def _partition_id(batches) -> tuple[int, object]:
+    from pyspark import TaskContext
+
+    return TaskContext.get().partitionId(), batches
+
+
+def join_partition(batches, spec: JoinSpec):
+    """Arrange both sides of one partition (or load them) and stream their join."""
+    import arrangedb as adb
+
+    task = _Task(spec.cfg, spec.metrics)
+    pid, batches = _partition_id(batches)
+    with task.engine() as engine:
+        left = engine.load(os.path.join(spec.left_path, f"part-{pid:05d}")) \
+            if spec.left_path else None
+        right = engine.load(os.path.join(spec.right_path, f"part-{pid:05d}")) \
+            if spec.right_path else None
+        lb = None if left is not None else SideBuilder(engine, spec.keys, spec.left_vals, spec.left_schema)
+        rb = None if right is not None else SideBuilder(engine, spec.keys, spec.right_vals,
+                                            spec.right_schema)
+        lsel, rsel = spec.keys + spec.left_cols, spec.keys + spec.right_cols
+        for batch in batches:
+            task.rows_in += batch.num_rows
+            if lb is not None and rb is not None:
+                side = batch.column(SIDE).to_numpy(zero_copy_only=False)
+                lb.add(_rename(batch.filter(pa.array(side == 0)), lsel, spec.left_schema.names))
+                rb.add(_rename(batch.filter(pa.array(side == 1)), rsel, spec.right_schema.names))
+            elif lb is not None:
+                lb.add(_rename(batch, lsel, spec.left_schema.names))
+            elif rb is not None:
+                rb.add(_rename(batch, rsel, spec.right_schema.names))
+        left = left if lb is None else lb.done()
+        right = right if rb is None else rb.done()
+        for out in adb.join(left, right, how=spec.how, expand=True, batch_rows=spec.batch_rows):
+            task.rows_out += out.num_rows
+            yield pa.RecordBatch.from_arrays(out.columns[:-1], schema=spec.out_schema)
+        task.report(engine)
+
+
+@dataclass
+class ReduceSpec:
+    by: list[str]
+    aggs: dict
+    source_schema: pa.Schema     # of the rows the aggregates read
+    out_schema: pa.Schema
+    cfg: object
+    metrics: object
+    phase: str = "complete"      # complete (arranged), partial, final
+    path: str | None = None      # an arranged dataset to reduce instead of the input
+
+
+def null_safe_keys(table: pa.Table, by: list[str]) -> pa.Table:
+    """Keys cannot be null in an arrangement; SQL groups nulls together. Fill each null
+    key with its type's zero and record which were null in a bitmask key column."""
+    mask = np.zeros(table.num_rows, np.int64)
+    cols = {}
+    for i, b in enumerate(by):
+        col = table.column(b)
+        if col.null_count:
+            mask |= col.is_null().to_numpy(zero_copy_only=False).astype(np.int64) << i
+            col = col.fill_null(pa.scalar(_zero(col.type), col.type))
+        cols[b] = col
+    out = table
+    for b, col in cols.items():
+        out = out.set_column(out.schema.get_field_index(b), b, col)
+    return out.append_column(NULLS, pa.array(mask))
+
+
+def restore_null_keys(rb: pa.RecordBatch, by: list[str]) -> pa.RecordBatch:
+    mask = rb.column(NULLS).to_numpy(zero_copy_only=False)
+    arrays = []
+    for name, col in zip(rb.schema.names, rb.columns):
+        if name in by:
+            isnull = ((mask >> by.index(name)) & 1).astype(bool)
+            if isnull.any():
+                col = pa.compute.if_else(pa.array(isnull), pa.nulls(len(col), col.type), col)
+        if name != NULLS:
+            arrays.append(col)
+    return pa.RecordBatch.from_arrays(arrays, names=[n for n in rb.schema.names if n != NULLS])
+
+
+def _zero(typ: pa.DataType):
+    if pa.types.is_string(typ) or pa.types.is_large_string(typ):
+        return ""
+    if pa.types.is_binary(typ) or pa.types.is_large_binary(typ):
+        return b""
+    if pa.types.is_boolean(typ):
+        return False
+    if pa.types.is_floating(typ):
+        return 0.0
+    if pa.types.is_decimal(typ):
+        import decimal
+        return decimal.Decimal(0)
+    if pa.types.is_date(typ) or pa.types.is_timestamp(typ):
+        return pa.scalar(0, pa.int64()).cast(pa.int32() if pa.types.is_date32(typ)
+                                              else pa.int64()).cast(typ).as_py()
+    return 0
+
+
+def reduce_partition(batches, spec: ReduceSpec):
+    """One partition of snapshot_reduce: a phase of group_by, or arrange + reduce."""
+    import arrangedb as adb
+
+    task = _Task(spec.cfg, spec.metrics)
+    pid, batches = _partition_id(batches)
+
+    def counted(it):
+        for b in it:
+            task.rows_in += b.num_rows
+            yield b
+
+    with task.engine() as engine:
+        if spec.phase in ("partial", "final"):
+            stream = pa.RecordBatchReader.from_batches(
+                spec.source_schema if spec.phase == "partial" else _partial_schema(spec),
+                counted(batches))
+            out = adb.group_by(stream, spec.by, spec.aggs, weight=None, engine=engine,
+                               phase=spec.phase, source_schema=spec.source_schema)
+            for b in out:
+                task.rows_out += b.num_rows
+                yield b
+        else:
+            if spec.path:
+                for _ in counted(batches):
+                    pass
+                trace = engine.load(os.path.join(spec.path, f"part-{pid:05d}"))
+                restore = False
+            else:
+                vals = sorted({c for _, c in spec.aggs.values() if c is not None} - set(spec.by))
+                b = SideBuilder(engine, spec.by + [NULLS], vals, None)
+                for batch in counted(batches):
+                    b.add(null_safe_keys(pa.Table.from_batches([batch]), spec.by)
+                          .select(spec.by + [NULLS] + vals).to_batches()[0]
+                          if batch.num_rows else batch)
+                if b.schema is None and b.buffered:
+                    b.schema = b.buffered[0].schema
+                if b.schema is None:
+                    b.schema = null_safe_keys(spec.source_schema.empty_table(), spec.by) \
+                        .select(spec.by + [NULLS] + vals).schema
+                trace = b.done()
+                restore = True
+            for out in adb.reduce(trace, spec.aggs):
+                if restore:
+                    out = restore_null_keys(out, spec.by)
+                task.rows_out += out.num_rows
+                yield pa.RecordBatch.from_arrays(out.columns, schema=spec.out_schema)
+        task.report(engine)
+
+
+def _partial_schema(spec: ReduceSpec) -> pa.Schema:
+    from arrangedb.ops.aggregate import check_aggs
+    from arrangedb.ops.group_by import _partial_names, _Partials
+
+    aggs = check_aggs(spec.aggs, spec.source_schema, "the input")
+    return _Partials(spec.by, aggs, _partial_names(aggs), spec.source_schema,
+                     None).partial_schema()
+
+
+def arrange_partition(batches, keys, vals, schema, path, cfg, metrics):
+    """Arrange one partition and save it under ``path/part-NNNNN``; report one row."""
+    task = _Task(cfg, metrics)
+    pid, batches = _partition_id(batches)
+    with task.engine() as engine:
+        b = SideBuilder(engine, keys, vals, schema)
+        for batch in batches:
+            task.rows_in += batch.num_rows
+            b.add(batch.select(schema.names))
+        trace = b.done()
+        trace.save(os.path.join(path, f"part-{pid:05d}"))
+        st = trace.stats()
+        task.report(engine)
+    yield pa.record_batch({"partition": [pid], "updates": [st["updates"]],
+                           "bytes": [st["bytes_on_disk"]]})
