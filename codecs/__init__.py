@@ -1,1 +1,77 @@
-"""codecs"""
+"""codecs: pure encodings of arrays into buffers and back.
+
+``encode(values, codec="auto", **options)`` returns an ``Encoded`` (codec, version, meta,
+buffers); ``decode(codec, version, meta, buffers)`` returns the array -- numpy in, numpy
+out with the same dtype; Arrow in, the same Arrow type out, nulls included.
+``decode_range`` returns elements [start, stop) and decompresses or widens only what they
+need where the codec allows it. A codec that does not apply to the input (``offsets`` on
+strings, ``for`` on floats...) falls back to ``plain``; ``Encoded.codec`` says which was
+used. Every failure to decode is a ``CodecError``.
+
+Codecs: ``plain``, ``offsets``, ``dict``, ``for``, ``zstd``; ``auto`` is ``choose_codec``.
+"""
+
+from __future__ import annotations
+
+import binascii
+import struct
+
+import numpy as np
+import pyarrow as pa
+import zstandard
+
+from arrangedb.codecs.base import REGISTRY, CodecError, Encoded, lookup
+from arrangedb.codecs.plain import PLAIN
+from arrangedb.codecs import dictionary, frame, offsets, zstd_blocks  # noqa: F401  (register)
+from arrangedb.codecs.choose import choose_codec
+
+CODECS = REGISTRY
+
+__all__ = ["CODECS", "CodecError", "Encoded", "choose_codec", "decode", "decode_range",
+           "encode"]
+
+_DECODE_ERRORS = (ValueError, TypeError, KeyError, IndexError, OverflowError, AttributeError,
+                  struct.error, binascii.Error, pa.ArrowException, zstandard.ZstdError)
+
+
+def _normalize_input(values):
+    if isinstance(values, pa.ChunkedArray):
+        return values.combine_chunks()
+    if isinstance(values, (np.ndarray, pa.Array)):
+        return values
+    raise CodecError(f"cannot encode {type(values).__name__}: expected a numpy or Arrow array")
+
+
+def encode(values, codec: str = "auto", **options) -> Encoded:
+    """Encode a 1-D numpy array or Arrow array; ``options`` go to the codec (``block_bytes``,
+    ``level`` for zstd) and are ignored by codecs without them."""
+    values = _normalize_input(values)
+    if isinstance(values, np.ndarray) and values.ndim != 1:
+        raise CodecError(f"expected a 1-D array, got shape {values.shape}")
+    name = choose_codec(values) if codec == "auto" else codec
+    chosen = lookup(name)
+    enc = chosen.encode(values, **options)
+    return enc if enc is not None else PLAIN.encode(values)
+
+
+def decode(codec: str, version: int, meta: dict, buffers):
+    """The array of an encoding; CodecError when it cannot be decoded."""
+    return decode_range(codec, version, meta, buffers, 0, None)
+
+
+def decode_range(codec: str, version: int, meta: dict, buffers, start: int = 0,
+                 stop: int | None = None):
+    """Elements [start, stop) of an encoding (slice semantics for out-of-range bounds)."""
+    chosen = lookup(codec, version)
+    try:
+        if not isinstance(meta, dict):
+            raise CodecError(f"metadata must be a dict, got {type(meta).__name__}")
+        buffers = list(buffers)
+        if start == 0 and stop is None:
+            return chosen.decode(version, meta, buffers)
+        return chosen.decode_range(version, meta, buffers, start, stop)
+    except CodecError as exc:
+        raise CodecError(f"codec {codec!r} version {version}: {exc}") from exc
+    except _DECODE_ERRORS as exc:
+        raise CodecError(f"codec {codec!r} version {version}: corrupt encoding "
+                         f"({type(exc).__name__}: {exc})") from exc

@@ -1,0 +1,147 @@
+"""for: frame of reference for integer columns -- a base plus narrow unsigned residuals.
+
+Design
+------
+``values - min`` is computed in the unsigned type of the input's width (wrapping), which is
+exact because the true difference lies in ``[0, 2**bits)``; it is then narrowed to the
+smallest of u8/u16/u32/u64 that holds ``max - min`` (no bytes at all when every value is
+equal). Sorted input without nulls may instead store its first value and the narrow
+deltas (``delta`` form), whichever is smaller. Arrow integer-like types (ints, dates,
+times, timestamps, durations) keep their nulls as a validity bitmap; the residual under a
+null is 0.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from arrangedb.codecs.base import (
+    Codec, Encoded, arrow_meta, as_u8, check, clamp_range, expect_buffers, int_storage_dtype,
+    is_arrow, meta_dtype, meta_length, narrow_uint, normalize_arrow, numpy_meta, register,
+    str_to_type, valid_mask, validity_of, view_as,
+)
+
+
+def int_values(values):
+    """(numpy integer values, valid mask or None, meta) of an applicable input, else None."""
+    if isinstance(values, np.ndarray):
+        if values.ndim != 1 or values.dtype.kind not in "iu":
+            return None
+        return values, None, numpy_meta(values)
+    if not is_arrow(values):
+        return None
+    dt = int_storage_dtype(values.type)
+    if dt is None:
+        return None
+    arr = normalize_arrow(values)
+    n = len(arr)
+    data = arr.buffers()[1]
+    raw = np.frombuffer(data, dt, count=n) if n else np.empty(0, dt)
+    meta = arrow_meta(arr)
+    return raw, valid_mask(arr), meta, arr
+
+
+def _unsigned(dt: np.dtype) -> np.dtype:
+    return np.dtype(f"u{dt.itemsize}")
+
+
+def for_plan(vals: np.ndarray, valid) -> dict:
+    """Sizes and parameters of the FOR and delta forms (shared with ``choose_codec``)."""
+    n = len(vals)
+    live = vals if valid is None else vals[valid]
+    if len(live) == 0:
+        return {"form": "for", "base": 0, "width": 0, "nbytes": 0}
+    lo, hi = int(live.min()), int(live.max())
+    width = narrow_uint(hi - lo).itemsize if hi != lo else 0
+    plan = {"form": "for", "base": lo, "width": width, "nbytes": n * width}
+    if valid is None and n > 2 and width > 1 and not (vals[1:] < vals[:-1]).any():
+        u = _unsigned(vals.dtype)
+        deltas = np.diff(vals.view(u))
+        dwidth = narrow_uint(int(deltas.max())).itemsize
+        if (n - 1) * dwidth < plan["nbytes"]:
+            plan = {"form": "delta", "base": int(vals[0]), "width": dwidth,
+                    "nbytes": (n - 1) * dwidth, "deltas": deltas}
+    return plan
+
+
+class FrameOfReference(Codec):
+    name = "for"
+
+    def encode(self, values, **options):
+        got = int_values(values)
+        if got is None:
+            return None
+        vals, valid, meta = got[:3]
+        plan = for_plan(vals, valid)
+        meta.update(form=plan["form"], base=plan["base"], width=plan["width"])
+        buffers = []
+        if is_arrow(values):
+            bitmap = validity_of(got[3])
+            meta["validity"] = bitmap is not None
+            if bitmap is not None:
+                buffers.append(bitmap)
+        u = _unsigned(vals.dtype)
+        if plan["form"] == "delta":
+            buffers.append(plan["deltas"].astype(f"u{plan['width']}"))
+        elif plan["width"]:
+            resid = vals.view(u) - u.type(plan["base"] % 2 ** (8 * u.itemsize))
+            if valid is not None:
+                resid[~valid] = 0
+            buffers.append(resid.astype(f"u{plan['width']}", copy=False))
+        return Encoded(self.name, self.version, meta, buffers)
+
+    def decode(self, version, meta, buffers):
+        return self.decode_range(version, meta, buffers, 0, None)
+
+    def decode_range(self, version, meta, buffers, start, stop):
+        n = meta_length(meta)
+        if meta["kind"] == "numpy":
+            start, stop = clamp_range(n, start, stop)
+            dt = meta_dtype(meta)
+            check(dt.kind in "iu", f"for cannot decode dtype {dt}")
+            return _decode_values(dt, meta, buffers, n, start, stop)
+        check(meta["kind"] == "arrow", f"unknown kind {meta.get('kind')!r}")
+        if (start, stop) != (0, None):  # Arrow slices keep the bitmap: decode, slice zero-copy
+            return super().decode_range(version, meta, buffers, start, stop)
+        t = str_to_type(meta["type"])
+        dt = int_storage_dtype(t)
+        check(dt is not None, f"for cannot decode type {t}")
+        validity = None
+        if meta["validity"]:
+            check(len(buffers) >= 1, "missing validity bitmap")
+            validity = as_u8(buffers[0])
+            check(validity.nbytes >= (n + 7) // 8, "validity bitmap is short")
+            validity = pa.py_buffer(validity)
+            buffers = buffers[1:]
+        vals = _decode_values(dt, meta, buffers, n, 0, n)
+        return pa.Array.from_buffers(t, n, [validity, pa.py_buffer(vals)],
+                                     null_count=-1 if validity is not None else 0)
+
+
+def _decode_values(dt, meta, buffers, n, start, stop) -> np.ndarray:
+    u = _unsigned(dt)
+    width = meta["width"]
+    check(width in (0, 1, 2, 4, 8) and width <= dt.itemsize, f"bad width {width!r}")
+    base = u.type(meta["base"] % 2 ** (8 * u.itemsize))
+    if meta["form"] == "for":
+        if width == 0:
+            expect_buffers(buffers, 0)
+            return np.full(stop - start, base, dtype=u).view(dt)
+        expect_buffers(buffers, 1)
+        resid = view_as(buffers[0], f"u{width}", n, "for residuals")[start:stop]
+        out = resid.astype(u)
+        out += base
+        return out.view(dt)
+    check(meta["form"] == "delta", f"unknown for form {meta['form']!r}")
+    expect_buffers(buffers, 1)
+    deltas = view_as(buffers[0], f"u{width}", max(n - 1, 0), "for deltas")
+    out = np.empty(stop, dtype=u)
+    if stop:
+        out[0] = base
+        np.cumsum(deltas[: stop - 1], dtype=u, out=out[1:])
+        out[1:] += base
+    return out[start:].view(dt)
+
+
+FOR = register(FrameOfReference())

@@ -1,0 +1,409 @@
+"""Round-trip, range, error and choice tests of arrangedb.codecs on adversarial arrays."""
+
+from __future__ import annotations
+
+import datetime
+import json
+
+import hypothesis.strategies as st
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from arrangedb.codecs import (
+    CODECS, CodecError, Encoded, choose_codec, decode, decode_range, encode,
+)
+
+NAMES = ["plain", "offsets", "dict", "for", "zstd"]
+SETTINGS = settings(max_examples=200, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+# -- helpers -----------------------------------------------------------------------------
+
+def as_stored(buffers, how="numpy"):
+    """Buffers as the pager hands them back: fresh uint8 arrays, or memoryviews of bytes."""
+    out = []
+    for b in buffers:
+        raw = bytes(memoryview(b).cast("B")) if not isinstance(b, np.ndarray) else b.tobytes()
+        out.append(np.frombuffer(raw, np.uint8).copy() if how == "numpy" else memoryview(raw))
+    return out
+
+
+def roundtrip(values, codec, how="numpy", **options):
+    enc = encode(values, codec, **options)
+    assert isinstance(enc, Encoded) and enc.codec in CODECS
+    meta = json.loads(json.dumps(enc.meta))  # what survives a page file's directory
+    out = decode(enc.codec, enc.version, meta, as_stored(enc.buffers, how))
+    assert_same(out, values)
+    return enc, meta, out
+
+
+def assert_same(out, values):
+    if isinstance(values, np.ndarray):
+        assert isinstance(out, np.ndarray)
+        assert out.dtype == values.dtype
+        assert np.array_equal(out, values, equal_nan=values.dtype.kind == "f")
+    else:
+        assert isinstance(out, pa.Array)
+        assert out.type == values.type
+        assert out.null_count == values.null_count
+        assert out.equals(values), (out, values)
+
+
+# -- strategies ----------------------------------------------------------------------------
+
+INT_DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
+
+
+@st.composite
+def numpy_ints(draw, max_size=300):
+    dt = np.dtype(draw(st.sampled_from(INT_DTYPES)))
+    info = np.iinfo(dt)
+    extremes = st.sampled_from([int(info.min), int(info.max), 0, int(info.min) + 1,
+                                int(info.max) - 1])
+    small = st.integers(max(int(info.min), -3), min(int(info.max), 3))
+    anything = st.integers(int(info.min), int(info.max))
+    elems = draw(st.sampled_from([extremes, small, anything, st.one_of(extremes, small)]))
+    values = np.array(draw(st.lists(elems, max_size=max_size)), dtype=dt)
+    if draw(st.booleans()):
+        values = np.sort(values)
+    return values
+
+
+@st.composite
+def numpy_offsets(draw, max_size=300):
+    dt = np.dtype(draw(st.sampled_from([np.uint32, np.uint64, np.int64])))
+    top = int(np.iinfo(dt).max)
+    shape = draw(st.sampled_from(["gaps", "stride", "singletons", "const", "huge"]))
+    n = draw(st.integers(0, max_size))
+    if shape == "stride":
+        step = draw(st.integers(0, 1000))
+        return np.arange(n, dtype=dt) * dt.type(step)
+    if shape == "singletons":
+        return np.minimum(np.arange(n, dtype=dt), dt.type(1)) if n else np.zeros(0, dt)
+    if shape == "const":
+        return np.full(n, draw(st.integers(0, top)), dtype=dt)
+    gaps = draw(st.lists(st.integers(0, 5 if shape == "gaps" else top // (max_size + 1)),
+                         min_size=n, max_size=n))
+    values = np.cumsum(np.array(gaps, dtype=dt), dtype=dt)
+    if n and draw(st.booleans()):
+        values -= values[0]  # start at 0, like bounds lists
+    return values
+
+
+def _timestamps():
+    return st.integers(-(2**62), 2**62)
+
+
+ARROW_TYPES = {
+    "int64": (pa.int64(), st.integers(-(2**63), 2**63 - 1)),
+    "int32": (pa.int32(), st.integers(-(2**31), 2**31 - 1)),
+    "float64": (pa.float64(), st.floats(allow_nan=False, width=64)),
+    "string": (pa.string(), st.text(max_size=12)),
+    "large_string": (pa.large_string(), st.text(max_size=12)),
+    "binary": (pa.binary(), st.binary(max_size=12)),
+    "bool": (pa.bool_(), st.booleans()),
+    "date32": (pa.date32(), st.dates(datetime.date(1970, 1, 1), datetime.date(2100, 1, 1))),
+    "timestamp": (pa.timestamp("us", tz="UTC"), _timestamps()),
+}
+
+
+@st.composite
+def arrow_arrays(draw, max_size=200, kinds=tuple(ARROW_TYPES)):
+    t, elems = ARROW_TYPES[draw(st.sampled_from(kinds))]
+    if draw(st.booleans()):  # low cardinality: exercises dict
+        pool = draw(st.lists(elems, min_size=1, max_size=4))
+        elems = st.sampled_from(pool)
+    if draw(st.booleans()):
+        elems = st.one_of(st.none(), elems)
+    values = draw(st.lists(elems, max_size=max_size))
+    if pa.types.is_timestamp(t):
+        arr = pa.array(values, pa.int64()).cast(t)
+    else:
+        arr = pa.array(values, t)
+    if len(arr) > 2 and draw(st.booleans()):  # a slice: non-zero offset
+        a = draw(st.integers(0, len(arr) - 1))
+        arr = arr.slice(a, draw(st.integers(0, len(arr) - a)))
+    return arr
+
+
+ANY_ARRAY = st.one_of(numpy_ints(), numpy_offsets(), arrow_arrays(),
+                      st.lists(st.floats(width=64), max_size=100).map(
+                          lambda xs: np.array(xs, np.float64)))
+
+
+# -- round trips ----------------------------------------------------------------------------
+
+@SETTINGS
+@given(values=ANY_ARRAY, codec=st.sampled_from(NAMES + ["auto"]),
+       how=st.sampled_from(["numpy", "memoryview"]))
+def test_roundtrip_every_codec(values, codec, how):
+    enc, _, _ = roundtrip(values, codec, how)
+    if codec != "auto":
+        assert enc.codec in (codec, "plain")
+
+
+@SETTINGS
+@given(values=st.one_of(numpy_ints(max_size=600), numpy_offsets(max_size=600),
+                        arrow_arrays(max_size=400)),
+       block=st.sampled_from([1, 7, 8, 24, 256]))
+def test_zstd_small_blocks(values, block):
+    enc, _, _ = roundtrip(values, "zstd", block_bytes=block)
+    assert enc.codec == "zstd"
+
+
+@pytest.mark.parametrize("dt", [np.int64, np.uint64, np.uint32, np.int8])
+@pytest.mark.parametrize("n", [0, 1, 31, 32, 33, 63, 64, 65, 127, 128, 129])
+def test_zstd_around_block_boundaries(dt, n):
+    values = (np.arange(n) * 7919).astype(dt)
+    enc, meta, _ = roundtrip(values, "zstd", block_bytes=256)
+    item = np.dtype(dt).itemsize
+    raw = meta["blocks"][0]["raw"]
+    assert all(r % item == 0 for r in raw) and raw[-1] == n * item
+    assert len(raw) - 1 == -(-n * item // meta["block_bytes"])
+
+
+def test_extremes_every_codec():
+    i64, u64 = np.iinfo(np.int64), np.iinfo(np.uint64)
+    cases = [
+        np.array([i64.min, i64.max, 0, -1, 1], np.int64),
+        np.array([i64.min] * 5, np.int64),
+        np.array([0, u64.max, 1], np.uint64),
+        np.array([u64.max - 1, u64.max], np.uint64),
+        np.array([], np.int64), np.array([7], np.uint32),
+        pa.array(["", "é", "日本語", None, "", "\x00"], pa.string()),
+        pa.array(["x"] * 100 + [None], pa.large_string()),
+        pa.array([None] * 10, pa.string()), pa.array([None] * 10, pa.int64()),
+        pa.array([], pa.binary()), pa.array([b"\x00\xff", b""], pa.binary()),
+        pa.array([i64.min, None, i64.max], pa.int64()),
+        pa.array([True, None, False] * 40, pa.bool_()),
+        pa.array([1.5, None, float("inf"), -0.0], pa.float64()),
+    ]
+    for values in cases:
+        for codec in NAMES + ["auto"]:
+            roundtrip(values, codec)
+            roundtrip(values, codec, block_bytes=8)
+
+
+def test_nested_and_view_types_fall_back_to_plain():
+    values = pa.array([[1, 2], None, []], pa.list_(pa.int64()))
+    for codec in NAMES + ["auto"]:
+        enc, _, _ = roundtrip(values, codec)
+        assert enc.codec in ("plain", "zstd")
+
+
+# -- the forms each codec is expected to take ------------------------------------------------
+
+def test_offsets_forms():
+    n = 10_000
+    enc, meta, _ = roundtrip(np.arange(0, 3 * n, 3, dtype=np.uint64), "offsets")
+    assert (enc.codec, meta["form"], enc.nbytes) == ("offsets", "stride", 0)
+    enc, meta, _ = roundtrip(np.full(n, 42, np.uint32), "offsets")
+    assert (meta["form"], enc.nbytes) == ("const", 0)
+    singles = np.ones(n + 1, np.uint64)
+    singles[0] = 0
+    enc, meta, _ = roundtrip(singles, "offsets")
+    assert (meta["form"], enc.nbytes) == ("runs", 0)
+    gaps = np.cumsum(np.random.default_rng(1).integers(0, 9, n)).astype(np.uint64)
+    enc, meta, out = roundtrip(gaps, "offsets")
+    assert (meta["form"], meta["width"], enc.nbytes) == ("narrow", 4, 4 * n)
+    big = gaps + np.uint64(2**40)
+    enc, meta, _ = roundtrip(big, "offsets")
+    assert meta["width"] == 8
+    u32 = gaps.astype(np.uint32)
+    enc = encode(u32, "offsets")
+    out = decode(enc.codec, enc.version, enc.meta, enc.buffers)
+    assert out.dtype == np.uint32 and np.shares_memory(out, enc.buffers[0])  # zero-copy
+
+
+def test_offsets_fall_back_when_not_monotone():
+    assert encode(np.array([3, 1, 2], np.uint64), "offsets").codec == "plain"
+    assert encode(pa.array(["a", "b"]), "offsets").codec == "plain"
+    assert encode(np.array([-1, 0, 1], np.int64), "offsets").codec == "plain"
+
+
+def test_for_and_delta_forms():
+    keys = np.sort(np.random.default_rng(2).integers(10**15, 10**15 + 10**8, 50_000))
+    enc, meta, _ = roundtrip(keys, "for")
+    assert meta["form"] == "delta" and meta["width"] <= 2
+    diffs = np.random.default_rng(3).choice(np.array([-1, 1], np.int64), 1000)
+    enc, meta, _ = roundtrip(diffs, "for")
+    assert (meta["form"], meta["width"], enc.nbytes) == ("for", 1, 1000)
+    enc, meta, _ = roundtrip(np.full(500, -7, np.int64), "for")
+    assert enc.nbytes == 0
+    assert encode(pa.array([1.0, 2.0]), "for").codec == "plain"
+    assert encode(pa.array(["a"]), "for").codec == "plain"
+
+
+def test_dict_codes_are_narrow():
+    values = pa.array(np.random.default_rng(4).choice(["F", "O", "P", None], 10_000))
+    enc, meta, _ = roundtrip(values, "dict")
+    assert meta["code_bits"] == 2 and enc.nbytes < 10_000 // 4 + 1250 + 64
+    ints = np.random.default_rng(5).integers(0, 1000, 10_000) * 10**12
+    enc, meta, _ = roundtrip(ints, "dict")
+    assert meta["code_bits"] == 16 and meta["cardinality"] <= 1000
+    assert encode(pa.array([1.5, 2.5]), "dict").codec == "plain"
+
+
+def test_plain_decode_is_zero_copy():
+    values = np.arange(1000, dtype=np.int64)
+    enc = encode(values, "plain")
+    stored = as_stored(enc.buffers)
+    out = decode(enc.codec, enc.version, enc.meta, stored)
+    assert np.shares_memory(out, stored[0])
+    strings = pa.array(["ab", None, "c"] * 50)
+    enc = encode(strings, "plain")
+    stored = as_stored(enc.buffers)
+    out = decode(enc.codec, enc.version, enc.meta, stored)
+    assert out.buffers()[-1].address == stored[-1].ctypes.data
+
+
+def test_slices_are_normalized():
+    base = pa.array([f"v{i}" if i % 3 else None for i in range(100)])
+    part = base.slice(17, 40)
+    enc = encode(part, "plain")
+    assert sum(memoryview(b).nbytes for b in enc.buffers) < 40 * 4 + 41 * 4 + 8
+    roundtrip(part, "plain")
+
+
+# -- decode_range -----------------------------------------------------------------------------
+
+@SETTINGS
+@given(values=st.one_of(numpy_ints(max_size=500), numpy_offsets(max_size=500),
+                        arrow_arrays(max_size=200)),
+       codec=st.sampled_from(NAMES), data=st.data())
+def test_decode_range_matches_slicing(values, codec, data):
+    enc = encode(values, codec, block_bytes=64)
+    n = len(values)
+    start = data.draw(st.integers(0, n))
+    stop = data.draw(st.integers(start, n))
+    out = decode_range(enc.codec, enc.version, enc.meta, as_stored(enc.buffers), start, stop)
+    expected = values[start:stop] if isinstance(values, np.ndarray) else values.slice(
+        start, stop - start)
+    assert_same(out, expected)
+
+
+def test_decode_range_zstd_reads_only_covering_blocks(monkeypatch):
+    from arrangedb.codecs import zstd_blocks
+
+    values = np.arange(100_000, dtype=np.uint64)
+    enc = encode(values, "zstd", block_bytes=4096)
+    seen = []
+    real = zstd_blocks.decompress_blocks
+
+    def spy(buf, raw, comp, first=0, last=None):
+        seen.append((first, len(raw) - 1 if last is None else last))
+        return real(buf, raw, comp, first, last)
+
+    monkeypatch.setattr(zstd_blocks, "decompress_blocks", spy)
+    out = decode_range(enc.codec, enc.version, enc.meta, enc.buffers, 1000, 1100)
+    assert np.array_equal(out, values[1000:1100])
+    assert seen == [(1, 3)]  # bytes 8000..8800 lie in blocks 1 and 2 of 4096 bytes
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+def test_unknown_codec_and_version():
+    enc = encode(np.arange(10), "plain")
+    with pytest.raises(CodecError, match="'nope'"):
+        decode("nope", 1, enc.meta, enc.buffers)
+    with pytest.raises(CodecError, match=r"'plain' version 99"):
+        decode("plain", 99, enc.meta, enc.buffers)
+    with pytest.raises(CodecError, match="nope"):
+        encode(np.arange(10), "nope")
+
+
+TRUNCATABLE = [
+    (np.arange(1000, dtype=np.int64), "plain"),
+    (np.cumsum(np.arange(1000, dtype=np.uint64) % 7), "offsets"),
+    (np.random.default_rng(6).integers(0, 5, 1000), "dict"),
+    (np.random.default_rng(7).integers(0, 300, 1000), "for"),
+    (np.arange(1000, dtype=np.int64), "zstd"),
+    (pa.array(["abc", None, "de"] * 100), "plain"),
+    (pa.array(["abc", None, "de"] * 100), "dict"),
+    (pa.array(["abc", None, "de"] * 100), "zstd"),
+    (pa.array([1, None, 300] * 100, pa.int64()), "for"),
+    (pa.array([[1], None] * 10), "plain"),
+]
+
+
+@pytest.mark.parametrize("values,codec", TRUNCATABLE)
+def test_truncated_buffers_raise(values, codec):
+    enc = encode(values, codec)
+    assert enc.codec == codec
+    for i, buf in enumerate(enc.buffers):
+        raw = bytes(memoryview(buf).cast("B")) if not isinstance(buf, np.ndarray) \
+            else buf.tobytes()
+        if not raw:
+            continue
+        for cut in (len(raw) - 1, len(raw) // 2, 0):
+            stored = as_stored(enc.buffers)
+            stored[i] = np.frombuffer(raw[:cut], np.uint8)
+            with pytest.raises(CodecError, match=codec):
+                decode(enc.codec, enc.version, enc.meta, stored)
+    with pytest.raises(CodecError):
+        decode(enc.codec, enc.version, enc.meta, as_stored(enc.buffers)[:-1])
+
+
+def test_corrupt_contents_raise():
+    enc = encode(np.arange(5000, dtype=np.int64), "zstd", block_bytes=1024)
+    stored = as_stored(enc.buffers)
+    stored[0][10:30] ^= 0xFF
+    with pytest.raises(CodecError):
+        decode(enc.codec, enc.version, enc.meta, stored)
+    enc = encode(np.random.default_rng(8).integers(0, 5, 1000), "dict")
+    stored = as_stored(enc.buffers)
+    stored[0][3] = 200  # a code past the 5-entry dictionary
+    with pytest.raises(CodecError, match="out of range"):
+        decode(enc.codec, enc.version, enc.meta, stored)
+    enc = encode(pa.array(["ab", "cd", "ef"]), "plain")
+    stored = as_stored(enc.buffers)
+    stored[0][4:8] = np.frombuffer(np.int32(9).tobytes(), np.uint8)  # offsets not monotone
+    with pytest.raises(CodecError):
+        decode(enc.codec, enc.version, enc.meta, stored)
+    bad_meta = dict(encode(pa.array([1, 2]), "plain").meta, type="!!not base64!!")
+    with pytest.raises(CodecError):
+        decode("plain", 1, bad_meta, as_stored(encode(pa.array([1, 2]), "plain").buffers))
+
+
+# -- the automatic choice ----------------------------------------------------------------------
+
+def test_choose_dict_for_low_cardinality_strings():
+    pool = ["1-URGENT", "2-HIGH", "3-MEDIUM", "4-NOT SPECIFIED", "5-LOW"]
+    values = pa.array(np.random.default_rng(9).choice(pool, 100_000))
+    assert choose_codec(values) == "dict"
+    enc = encode(values)
+    assert enc.codec == "dict"
+    raw = sum(b.size for b in values.buffers() if b is not None)
+    assert enc.nbytes * 8 <= raw
+
+
+def test_choose_offsets_and_stride():
+    offsets = np.cumsum(np.random.default_rng(10).integers(0, 4, 10_000)).astype(np.uint64)
+    offsets[0] = 0
+    offsets = np.maximum.accumulate(offsets)
+    assert choose_codec(offsets) == "offsets"
+    stride = np.arange(0, 50_000, 5, dtype=np.uint32)
+    assert choose_codec(stride) == "offsets"
+    enc = encode(stride)
+    assert (enc.codec, enc.meta["form"], enc.nbytes) == ("offsets", "stride", 0)
+
+
+def test_choose_other_columns():
+    rng = np.random.default_rng(11)
+    assert choose_codec(np.arange(10, dtype=np.uint64)) == "plain"  # tiny
+    assert choose_codec(np.sort(rng.integers(0, 2**40, 10_000))) == "for"  # sorted keys
+    assert choose_codec(rng.integers(-1, 2, 10_000)) in ("for", "dict")  # diffs
+    assert choose_codec(rng.integers(0, 2**63, 10_000)) == "plain"  # random wide ints
+    assert choose_codec(rng.choice(np.array([3, 10**15, -(10**17)]), 10_000)) == "dict"
+    assert choose_codec(pa.array(rng.random(10_000))) == "plain"
+    assert choose_codec(pa.array(np.round(rng.random(10_000), 2))) in ("zstd", "plain")
+    words = np.array(["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"])
+    comments = pa.array([" ".join(rng.choice(words, 6)) + str(i) for i in range(5000)])
+    assert choose_codec(comments) == "zstd"
+    noise = pa.array([rng.bytes(20) for _ in range(5000)], pa.binary())
+    assert choose_codec(noise) == "plain"
+    dates = pa.array(rng.integers(8000, 8000 + 2555, 10_000).astype(np.int32), pa.date32())
+    assert choose_codec(dates) in ("for", "dict")
