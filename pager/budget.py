@@ -126,12 +126,19 @@ class MemoryBudget:
             return
         with self._lock:
             self.held = max(0, self.held - nbytes)
-            if what is not None and what in self._held_by:
-                left = self._held_by[what] - nbytes
-                if left > 0:
-                    self._held_by[what] = left
+            # Untagged releases (or more than ``what`` holds) come off the other entries, so
+            # the per-name figures in BudgetExceeded messages keep adding up to ``held``.
+            order = ([what] if what in self._held_by else []) + [
+                w for w in list(self._held_by) if w != what]
+            for w in order:
+                if nbytes <= 0:
+                    break
+                take = min(nbytes, self._held_by[w])
+                nbytes -= take
+                if self._held_by[w] - take > 0:
+                    self._held_by[w] -= take
                 else:
-                    del self._held_by[what]
+                    del self._held_by[w]
 
     @contextlib.contextmanager
     def reservation(self, nbytes: int, what: str = "unnamed"):

@@ -28,6 +28,7 @@ spiller.
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import mmap
 import os
@@ -52,6 +53,7 @@ HEADER_SIZE = 64
 PAGE = mmap.PAGESIZE
 FAULT_AROUND = max(64 << 10, PAGE)   # Linux's default fault_around_bytes
 _ZEROS = bytes(ALIGN)
+_PAGEFILE_KEYS = itertools.count()   # ids can be reused once a PageFile is collected
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,8 @@ def _as_bytes(data) -> memoryview:
     if isinstance(data, pa.Buffer):
         return memoryview(data)
     if isinstance(data, np.ndarray):
-        return memoryview(np.ascontiguousarray(data)).cast("B")
+        # via a uint8 view: the buffer protocol refuses datetime64/timedelta64 dtypes
+        return memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
     return memoryview(data).cast("B")
 
 
@@ -177,7 +180,7 @@ class ResidentSet:
 
     def __init__(self, budget):
         self.budget = budget
-        self.regions: OrderedDict = OrderedDict()   # (id(pagefile), name) -> (ref, length)
+        self.regions: OrderedDict = OrderedDict()   # (pagefile key, name) -> (ref, length)
         self.token = budget.add_spiller(self.spill, priority=0)
 
     @classmethod
@@ -191,10 +194,11 @@ class ResidentSet:
     def spill(self, wanted: int) -> int:
         freed = 0
         while self.regions and freed < wanted:
-            (_, name), (ref, _) = next(iter(self.regions.items()))
+            (_, name), (ref, length) = self.regions.popitem(last=False)
             pf = ref()
-            if pf is None:
-                self.regions.popitem(last=False)
+            if pf is None:   # dropped without close(): its mapping is gone, so is the charge
+                self.budget.release(length, "mapped pages")
+                freed += length
                 continue
             freed += pf.release(name)
         return freed
@@ -213,6 +217,7 @@ class PageFile:
         self._mapped: dict[str, int] = {}   # regions touched since their last release
         self._resident = ResidentSet.of(budget) if budget is not None else None
         self._lock = threading.Lock()
+        self._key = next(_PAGEFILE_KEYS)
 
     @classmethod
     def open(cls, path, budget=None) -> "PageFile":
@@ -275,7 +280,7 @@ class PageFile:
         if name not in self._mapped and info.length:
             if self._resident is not None:
                 self._resident.budget.reserve(info.length, "mapped pages")
-                self._resident.regions[(id(self), name)] = (weakref.ref(self), info.length)
+                self._resident.regions[(self._key, name)] = (weakref.ref(self), info.length)
             with self._lock:
                 self._mapped[name] = info.length
         return view
@@ -324,7 +329,7 @@ class PageFile:
             info = self.regions[n]
             self._advise(info.offset, info.length)
             if self._resident is not None:
-                self._resident.regions.pop((id(self), n), None)
+                self._resident.regions.pop((self._key, n), None)
                 self._resident.budget.release(length, "mapped pages")
                 freed += length
         return freed

@@ -1,0 +1,64 @@
+"""Shared fixtures: a spill root per test, and a guard against leaked page-file handles.
+
+A page file left open keeps its descriptor (mmap dups it) and its mapping alive, and on a
+long-running Spark worker that is disk space that never comes back after the file is
+deleted. The guard compares the ``.pg`` files this process has open or mapped under the
+temp directories before and after each test, so any layer's test catches such a leak.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import re
+import tempfile
+
+import psutil
+import pytest
+
+_PAGE_FILE = re.compile(r"\.pg(\.tmp)?( \(deleted\))?$")
+
+
+@pytest.fixture
+def spill_root(tmp_path):
+    """An empty directory to use as a SpillDirectory root."""
+    root = tmp_path / "spill"
+    root.mkdir()
+    return root
+
+
+def _open_page_files(roots: tuple[str, ...]) -> set[str]:
+    """``.pg`` paths under ``roots`` held open (fd) or mapped by this process."""
+    held = set()
+    try:
+        held.update(f.path for f in psutil.Process().open_files())
+    except (psutil.Error, OSError):
+        pass
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                parts = line.rstrip("\n").split(None, 5)
+                if len(parts) == 6:
+                    held.add(parts[5])
+    except OSError:
+        pass
+    return {p for p in held if _PAGE_FILE.search(p) and p.startswith(roots)}
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_page_files(tmp_path_factory):
+    """Fail the test if it leaves page files open or mapped (after a garbage collection)."""
+    roots = {os.path.realpath(tempfile.gettempdir()),
+             os.path.realpath(str(tmp_path_factory.getbasetemp()))}
+    if os.environ.get("ARRANGEDB_SPILL_DIR"):
+        roots.add(os.path.realpath(os.environ["ARRANGEDB_SPILL_DIR"]))
+    roots = tuple(r.rstrip("/") + "/" for r in roots)
+    before = _open_page_files(roots)
+    yield
+    gc.collect()
+    leaked = _open_page_files(roots) - before
+    if leaked:
+        pytest.fail("test left page files open or mapped (close PageFiles/engines): "
+                    + ", ".join(sorted(leaked)[:5])
+                    + (f" and {len(leaked) - 5} more" if len(leaked) > 5 else ""),
+                    pytrace=False)
