@@ -133,7 +133,7 @@ def _snapshot(left, right, at, how, expand, batch_rows, schema):
             yield pa.RecordBatch.from_arrays(arrays + [pa.array(counts, pa.int64())],
                                              schema=schema)
 
-    for lb, rb in co_blocks([left, right], at=at):
+    for lb, rb in co_blocks([left, right], at=at, bag=expand):
         if len(lb) == 0:
             continue
         li_key, ri_key = match_keys(lb.keys, rb.keys)

@@ -17,6 +17,7 @@ class StorageContext:
     codec: str = "auto"
     part_bytes: int = 4 << 20     # target decoded size of a part
     window_rows: int = 1 << 16    # rows each source contributes to one merge step
+    run_bytes: int | None = None  # input buffered per sorted run (None: a sixth of the budget)
 
     @classmethod
     def for_budget(cls, budget, spill, codec: str = "auto") -> "StorageContext":

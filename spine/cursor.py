@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from arrangedb.spine.kernels import accumulate, consolidate, filter_times, key_starts
+from arrangedb.spine.order import codes
 from arrangedb.spine.reader import MergedReader, step_updates
 from arrangedb.spine.updates import Updates
 
@@ -67,7 +68,23 @@ def empty_block(key_schema: pa.Schema, val_schema: pa.Schema | None, changes=Fal
                  np.zeros(0, np.int64), np.zeros(0, np.uint64) if changes else None)
 
 
-def _snapshot_block(upd: Updates, at: int | None) -> Block:
+def _snapshot_block(upd: Updates, at: int | None, single_source: bool = False,
+                    bag: bool = False) -> Block:
+    t = upd.times
+    if single_source and len(t) and t[0] == t[-1] and (at is None or t[0] <= at) \
+            and bool(np.all(t == t[0])):
+        # one batch's rows, all at one time: sorted and consolidated, so each (key, val)
+        # is one row already and its diff is its count -- nothing to sort or sum
+        return _block(upd.keys, upd.vals, upd.diffs)
+    if bag and len(t) and (at is None or t.max() <= at) and upd.diffs.min() > 0:
+        # a bag reader (a join that expands its output) needs each key's rows together,
+        # not each (key, val) summed into one row: sorting the concatenated runs by key
+        # alone (a linear merge for timsort) is enough when nothing is retracted
+        kc = codes([upd.keys], upd.keys.column_names)[0]
+        order = np.argsort(kc, kind="stable")
+        if len(order) and not (order[1:] > order[:-1]).all():
+            upd = upd.take(order)
+        return _block(upd.keys, upd.vals, upd.diffs)
     keys, vals, counts = accumulate(upd, at)
     return _block(keys, vals, counts)
 
@@ -90,12 +107,17 @@ def _may_matter(batch, at, changes, frontier) -> bool:
 
 def co_blocks(traces: list, at: int | None = None,
               changes: tuple[int, int | None] | None = None,
-              window_rows: int | None = None) -> Iterator[tuple[Block, ...]]:
+              window_rows: int | None = None, bag: bool = False
+              ) -> Iterator[tuple[Block, ...]]:
     """Aligned blocks of several traces: the i-th of each tuple covers one key range.
 
     Snapshot mode (``changes=None``): counts accumulated at ``at``. Changes mode
     (``changes=(since, upto)``): consolidated updates in that time interval. Steps where
     every trace is empty are skipped.
+
+    ``bag=True`` (snapshot mode) lets a block hold one (key, val) in several rows whose
+    counts add up, when that saves sorting by val: for readers of multisets, such as a
+    join expanding its output, that are indifferent to how a count is split.
     """
     batches, tags = [], []
     for i, t in enumerate(traces):
@@ -113,7 +135,8 @@ def co_blocks(traces: list, at: int | None = None,
             if upd is None:
                 out.append(empty_block(t.key_schema, t.val_schema, changes is not None))
             elif changes is None:
-                out.append(_snapshot_block(upd, at))
+                single = sum(1 for tag, _ in step if tag == i) == 1
+                out.append(_snapshot_block(upd, at, single, bag))
             else:
                 out.append(_changes_block(upd, *changes, t.since))
         if any(len(b) for b in out):

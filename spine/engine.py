@@ -45,8 +45,7 @@ class Engine:
         key_schema, val_schema = target_schemas(schema, cols)
         trace = Trace(self.ctx, key_schema, val_schema, cols, name)
         reader = pa.RecordBatchReader.from_batches(schema, stream)
-        batch = trace._build(reader, cols.time, cols.diff)
-        trace.spine.insert(batch)
+        trace.spine.insert_runs(trace._build(reader, cols.time, cols.diff))
         self._traces.append(trace)
         return trace
 

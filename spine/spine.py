@@ -72,6 +72,33 @@ class Spine:
         self.pending.append(batch)
         self._consider_pending()
 
+    def insert_runs(self, runs: list[Batch]) -> None:
+        """Insert sorted runs of one input as a merge in progress, not as a merged batch.
+
+        The runs land together on the level their total size calls for, as the inputs of
+        one k-way merge that later inserts (or ``exert``) fuel like any other. Readers
+        see a merge's inputs, so a trace arranged and then read at once is read through
+        one k-way pass over its runs: the merged batch is written only if the trace
+        lives on long enough to pay for it.
+        """
+        runs = [r for r in runs if len(r)]
+        if len(runs) <= 1 or self.physical is not None:
+            for r in runs:
+                self.insert(r)
+            return
+        index = level_of(sum(len(r) for r in runs))
+        self._apply_fuel((8 << index) * self.effort)
+        self._roll_up(index)
+        while len(self.levels) <= index:
+            self.levels.append(None)
+        lvl = self.levels[index]
+        if lvl is not None and lvl.merging:
+            self.levels[index] = None
+            self._promote(lvl.merger.finish(), lvl.batches, index)
+            lvl = self.levels[index]
+        inputs = (lvl.batches if lvl is not None else []) + runs
+        self.levels[index] = Level(inputs, Merger(inputs, self.since, self.ctx))
+
     def set_physical(self, frontier: int | None) -> None:
         self.physical = frontier
         self._consider_pending()

@@ -36,7 +36,8 @@ from arrangedb.spine.reader import seek_parts
 from arrangedb.spine.spine import Spine
 from arrangedb.spine.updates import Updates
 
-_MERGE_FAN_IN = 16
+_MERGE_FAN_IN = 16   # runs merged into one file at a time
+_READ_FAN_IN = 8     # runs a trace may hand its spine unmerged
 
 
 class Trace:
@@ -73,17 +74,19 @@ class Trace:
     def insert(self, data, time: str | None = None, diff: str | None = None) -> None:
         """Add updates; ``time``/``diff`` name their columns (default: those of arrange)."""
         self._check_open()
-        batch = self._build(data, time if time is not None else self.columns.time,
-                            diff if diff is not None else self.columns.diff)
-        self.spine.insert(batch)
+        runs = self._build(data, time if time is not None else self.columns.time,
+                           diff if diff is not None else self.columns.diff)
+        self.spine.insert_runs(runs)
 
-    def _build(self, data, time: str | None, diff: str | None) -> Batch:
-        """Sorted runs within the budget, merged into one batch; the spine is untouched."""
+    def _build(self, data, time: str | None, diff: str | None) -> list[Batch]:
+        """Sorted runs within the budget, at most ``_READ_FAN_IN`` of them (merged down
+        when there are more); the spine is untouched."""
         schema, stream = open_batches(data)
         Columns.resolve(schema, self.key_names, self.val_names, time, diff)  # fail early
         cols = Columns(self.key_names, self.val_names or None, time, diff)
-        run_bytes = max(self.ctx.part_bytes, (self.ctx.budget.limit // 6)
-                        if self.ctx.budget is not None else 256 << 20)
+        run_bytes = self.ctx.run_bytes or max(
+            self.ctx.part_bytes,
+            self.ctx.budget.limit // 6 if self.ctx.budget is not None else 256 << 20)
         runs: list[Batch] = []
         buffered: list[Updates] = []
         size = 0
@@ -103,7 +106,7 @@ class Trace:
                 runs.append(self._seal_run(buffered))
         finally:
             self.ctx.release(size)
-        return self._merge_runs(runs)
+        return self._merge_down(runs)
 
     def _seal_run(self, buffered: list[Updates]) -> Batch:
         run = consolidate(Updates.concat(buffered))
@@ -112,15 +115,15 @@ class Trace:
         builder.push(run)
         return builder.done()
 
-    def _merge_runs(self, runs: list[Batch]) -> Batch:
+    def _merge_down(self, runs: list[Batch]) -> list[Batch]:
+        """Merge the oldest runs (up to ``_MERGE_FAN_IN`` at a time) until at most
+        ``_READ_FAN_IN`` remain: few enough for a reader to walk them all at once within
+        the budget, one decoded part each."""
         runs = [r for r in runs if len(r)]
-        if not runs:
-            return Builder(self.ctx, self.key_schema, self.val_schema).done()
-        while len(runs) > 1:
-            runs = [Merger(runs[i:i + _MERGE_FAN_IN], 0, self.ctx).finish()
-                    if len(runs[i:i + _MERGE_FAN_IN]) > 1 else runs[i]
-                    for i in range(0, len(runs), _MERGE_FAN_IN)]
-        return runs[0]
+        while len(runs) > _READ_FAN_IN:
+            take = min(_MERGE_FAN_IN, len(runs) - _READ_FAN_IN + 1)
+            runs = runs[take:] + [Merger(runs[:take], 0, self.ctx).finish()]
+        return runs
 
     def exert(self, fuel: int) -> None:
         """Spend ``fuel`` units of extra merge work (e.g. while idle)."""

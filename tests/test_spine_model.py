@@ -88,17 +88,18 @@ class SpineMachine(RuleBasedStateMachine):
         self.since = 0
 
     @initialize(kind=st.sampled_from(KINDS), part_bytes=st.sampled_from([256, 4096, 1 << 20]),
-                window=st.sampled_from([1, 7, 1000]))
-    def arrange(self, kind, part_bytes, window):
+                window=st.sampled_from([1, 7, 1000]), run_bytes=st.sampled_from([None, 300]))
+    def arrange(self, kind, part_bytes, window, run_bytes):
         self.kind = kind
         self.schema, self.key_names, self.val_names = schema_for(kind)
-        self.ctx = StorageContext(part_bytes=part_bytes, window_rows=window)
+        # small runs: one insert becomes several runs, handed to the spine as a merge
+        self.ctx = StorageContext(part_bytes=part_bytes, window_rows=window, run_bytes=run_bytes)
         full = self.schema.append(pa.field("t", pa.uint64())).append(pa.field("d", pa.int64()))
         self.full_schema = full
         cols = Columns.resolve(full, self.key_names, self.val_names, "t", "d")
         ks, vs = target_schemas(full, cols)
         self.trace = Trace(self.ctx, ks, vs, cols)
-        self.trace.spine.insert(self.trace._build(full.empty_table(), "t", "d"))
+        self.trace.spine.insert_runs(self.trace._build(full.empty_table(), "t", "d"))
 
     def _table(self, rows):
         data = {name: [] for name in self.full_schema.names}
@@ -118,7 +119,9 @@ class SpineMachine(RuleBasedStateMachine):
                                   min_size=0, max_size=40))
         if not self.val_names:
             rows = [(k, None, t, d) for k, _, t, d in rows]
-        self.trace.insert(self._table(rows))
+        table = self._table(rows)
+        self.trace.insert(pa.RecordBatchReader.from_batches(
+            table.schema, table.to_batches(max_chunksize=5)))
         for k, v, t, d in rows:
             self.model.add(k, v, t, d)
 

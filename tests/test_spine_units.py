@@ -26,8 +26,8 @@ def memory_trace(data, key, vals=None, time=None, diff=None, **ctx):
     cols = Columns.resolve(schema, key, vals, time, diff)
     ks, vs = target_schemas(schema, cols)
     trace = Trace(StorageContext(**ctx), ks, vs, cols)
-    trace.spine.insert(trace._build(pa.RecordBatchReader.from_batches(schema, stream),
-                                    cols.time, cols.diff))
+    trace.spine.insert_runs(trace._build(pa.RecordBatchReader.from_batches(schema, stream),
+                                         cols.time, cols.diff))
     return trace
 
 
