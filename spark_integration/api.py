@@ -199,14 +199,18 @@ def snapshot_join(left_df, right_df, on, how: str = "inner", num_partitions: int
     if live:
         shuffled = shuffled.repartition(n, *keys)
     result = shuffled.mapInArrow(lambda it: join_partition(it, spec), _spark_schema(out_schema))
+    null_rows = None
     if how in ("left", "anti") and not isinstance(left_df, ArrangedDataset):
         # SQL: a null key matches nothing, so these rows are unmatched left rows
         null_rows = left_df.where(~_not_null(keys))
         fill = [F.lit(None).cast(f.dataType).alias(f.name)
                 for f in result.schema.fields[len(keys) + len(lcols):]]
-        result = result.unionByName(null_rows.select(
-            *keys, *[F.col(c).alias(nm) for c, nm in zip(lcols, lnames)], *fill))
+        null_rows = null_rows.select(
+            *keys, *[F.col(c).alias(nm) for c, nm in zip(lcols, lnames)], *fill)
+        result = result.unionByName(null_rows)
     result.arrangedb_metrics = metrics
+    # lets snapshot_reduce over this very DataFrame aggregate inside the join's tasks
+    result._arrangedb_join = (shuffled, spec, null_rows)
     return result
 
 
@@ -261,13 +265,24 @@ def snapshot_reduce(df, by, aggs: dict, num_partitions: int | None = None, memor
     else:
         n = num_partitions or _default_partitions(spark)
         cols = list(dict.fromkeys(by + [c for _, c in aggs.values() if c is not None]))
-        src = _arrow_schema(df.select(*cols).schema)
+        fused = getattr(df, "_arrangedb_join", None)
+        src = fused[1].out_schema if fused is not None else _arrow_schema(df.select(*cols).schema)
         first, last = spec("partial", src), spec("final", src)
         from arrangedb.spark_integration.partition import _partial_schema
 
         partial_out = _spark_schema(_partial_schema(first))
-        partials = df.select(*cols).mapInArrow(lambda it: reduce_partition(it, first),
-                                               partial_out)
+        if fused is not None:
+            # the DataFrame is a snapshot_join's output: aggregate in the join's own tasks,
+            # so the joined rows never travel back to the JVM and out again
+            shuffled, jspec, null_rows = fused
+            partials = shuffled.mapInArrow(lambda it: join_partition(it, jspec, first),
+                                           partial_out)
+            if null_rows is not None:
+                partials = partials.unionByName(null_rows.mapInArrow(
+                    lambda it: reduce_partition(it, first), partial_out))
+        else:
+            partials = df.select(*cols).mapInArrow(lambda it: reduce_partition(it, first),
+                                                   partial_out)
         result = partials.repartition(n, *by).mapInArrow(
             lambda it: reduce_partition(it, last), spark_out)
     result.arrangedb_metrics = metrics

@@ -114,37 +114,57 @@ def _partition_id(batches) -> tuple[int, object]:
     return TaskContext.get().partitionId(), batches
 
 
-def join_partition(batches, spec: JoinSpec):
-    """Arrange both sides of one partition (or load them) and stream their join."""
+def join_partition(batches, spec: JoinSpec, then: "ReduceSpec | None" = None):
+    """Arrange both sides of one partition (or load them) and stream their join.
+
+    With ``then`` (a partial reduction), the join's rows are aggregated in the same task
+    and only the partial aggregates leave it.
+    """
     import arrangedb as adb
 
     task = _Task(spec.cfg, spec.metrics)
     pid, batches = _partition_id(batches)
     with task.engine() as engine:
-        left = engine.load(os.path.join(spec.left_path, f"part-{pid:05d}")) \
-            if spec.left_path else None
-        right = engine.load(os.path.join(spec.right_path, f"part-{pid:05d}")) \
-            if spec.right_path else None
-        lb = None if left is not None else SideBuilder(engine, spec.keys, spec.left_vals, spec.left_schema)
-        rb = None if right is not None else SideBuilder(engine, spec.keys, spec.right_vals,
-                                            spec.right_schema)
-        lsel, rsel = spec.keys + spec.left_cols, spec.keys + spec.right_cols
-        for batch in batches:
-            task.rows_in += batch.num_rows
-            if lb is not None and rb is not None:
-                side = batch.column(SIDE).to_numpy(zero_copy_only=False)
-                lb.add(_rename(batch.filter(pa.array(side == 0)), lsel, spec.left_schema.names))
-                rb.add(_rename(batch.filter(pa.array(side == 1)), rsel, spec.right_schema.names))
-            elif lb is not None:
-                lb.add(_rename(batch, lsel, spec.left_schema.names))
-            elif rb is not None:
-                rb.add(_rename(batch, rsel, spec.right_schema.names))
-        left = left if lb is None else lb.done()
-        right = right if rb is None else rb.done()
-        for out in adb.join(left, right, how=spec.how, expand=True, batch_rows=spec.batch_rows):
-            task.rows_out += out.num_rows
-            yield pa.RecordBatch.from_arrays(out.columns[:-1], schema=spec.out_schema)
+        joined = _joined(batches, spec, task, engine, pid)
+        if then is None:
+            for out in joined:
+                task.rows_out += out.num_rows
+                yield out
+        else:
+            stream = pa.RecordBatchReader.from_batches(spec.out_schema, joined)
+            for out in adb.group_by(stream, then.by, then.aggs, weight=None, engine=engine,
+                                    phase="partial"):
+                task.rows_out += out.num_rows
+                yield out
         task.report(engine)
+
+
+def _joined(batches, spec: JoinSpec, task: _Task, engine, pid: int):
+    import arrangedb as adb
+
+    left = engine.load(os.path.join(spec.left_path, f"part-{pid:05d}")) \
+        if spec.left_path else None
+    right = engine.load(os.path.join(spec.right_path, f"part-{pid:05d}")) \
+        if spec.right_path else None
+    lb = None if left is not None else SideBuilder(engine, spec.keys, spec.left_vals,
+                                                   spec.left_schema)
+    rb = None if right is not None else SideBuilder(engine, spec.keys, spec.right_vals,
+                                                    spec.right_schema)
+    lsel, rsel = spec.keys + spec.left_cols, spec.keys + spec.right_cols
+    for batch in batches:
+        task.rows_in += batch.num_rows
+        if lb is not None and rb is not None:
+            side = batch.column(SIDE).to_numpy(zero_copy_only=False)
+            lb.add(_rename(batch.filter(pa.array(side == 0)), lsel, spec.left_schema.names))
+            rb.add(_rename(batch.filter(pa.array(side == 1)), rsel, spec.right_schema.names))
+        elif lb is not None:
+            lb.add(_rename(batch, lsel, spec.left_schema.names))
+        elif rb is not None:
+            rb.add(_rename(batch, rsel, spec.right_schema.names))
+    left = left if lb is None else lb.done()
+    right = right if rb is None else rb.done()
+    for out in adb.join(left, right, how=spec.how, expand=True, batch_rows=spec.batch_rows):
+        yield pa.RecordBatch.from_arrays(out.columns[:-1], schema=spec.out_schema)
 
 
 @dataclass
@@ -276,6 +296,7 @@ def arrange_partition(batches, keys, vals, schema, path, cfg, metrics):
             task.rows_in += batch.num_rows
             b.add(batch.select(schema.names))
         trace = b.done()
+        trace.merge_all()   # pay for the merge once: every later read walks one batch
         trace.save(os.path.join(path, f"part-{pid:05d}"))
         st = trace.stats()
         task.report(engine)

@@ -24,6 +24,9 @@ def local_session(master: str = "local[2]", memory_budget="512MiB", app: str = "
          .config("spark.ui.enabled", "false")
          .config("spark.ui.showConsoleProgress", "false")
          .config("spark.sql.shuffle.partitions", "8")
+         # fewer, larger Arrow batches to and from the Python workers: per-batch costs
+         # (IPC framing, Python calls) dominate at the default of 10k rows
+         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "65536")
          .config("spark.arrangedb.memoryBudget", str(memory_budget))
          .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable))
     for k, v in (extra or {}).items():

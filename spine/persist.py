@@ -105,6 +105,7 @@ def load_trace(path, ctx):
     trace = Trace(ctx, key_schema, val_schema,
                   Columns(c["key"], c["vals"], c["time"], c["diff"]), m.get("name"))
     trace.spine.since = m["since"]
+    batches = []
     for b in m["batches"]:
         pf = PageFile.open(os.path.join(path, b["file"]), budget=ctx.budget)
         parts = [PagedPart(num_updates=p["num_updates"], num_keys=p["num_keys"],
@@ -113,6 +114,8 @@ def load_trace(path, ctx):
                            stored=p["stored"], pagefile=pf, columns=p["columns"],
                            schemas=(key_schema, val_schema)) for p in b["parts"]]
         lower, upper, since = b["description"]
-        trace.spine.insert(Batch(parts, Description(lower, upper, since), key_schema,
-                                 val_schema, pagefile=pf, owned=False))
+        batches.append(Batch(parts, Description(lower, upper, since), key_schema, val_schema,
+                             pagefile=pf, owned=False))
+    # back as they were saved: loading does no merge work (a later insert or exert may)
+    trace.spine.insert_runs(batches)
     return trace
