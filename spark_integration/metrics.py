@@ -25,6 +25,8 @@ class _MetricsParam(AccumulatorParam):
                 out[k] = max(out.get(k, 0), v)
             elif k == "over_budget_tasks":
                 out[k] = out.get(k, 0) + v
+            elif k == "spill_roots":
+                out[k] = sorted(set(out.get(k, [])) | set(v))
         return out
 
 
@@ -35,8 +37,9 @@ class JobMetrics:
         self._acc = spark.sparkContext.accumulator({}, _MetricsParam())
 
     def add_task(self, rows_in: int, rows_out: int, bytes_spilled: int, peak_rss: int,
-                 budget: int, allowance: int, seconds: float) -> None:
+                 budget: int, allowance: int, seconds: float, spill_root: str = "") -> None:
         self._acc.add({"tasks": 1, "rows_in": rows_in, "rows_out": rows_out,
+                       "spill_roots": [spill_root],
                        "bytes_spilled": bytes_spilled, "max_task_peak_rss_bytes": peak_rss,
                        "max_task_budget_bytes": budget, "max_task_seconds": seconds,
                        "over_budget_tasks": int(peak_rss > budget + allowance)})
@@ -45,6 +48,7 @@ class JobMetrics:
     def value(self) -> dict:
         v = {k: 0 for k in _SUMS + _MAXES}
         v["over_budget_tasks"] = 0
+        v["spill_roots"] = []
         v.update(self._acc.value)
         return v
 

@@ -63,7 +63,8 @@ class _Task:
         s = engine.stats()
         self.metrics.add_task(self.rows_in, self.rows_out, s["bytes_spilled"],
                               s["peak_rss_bytes"] - s["baseline_rss_bytes"],
-                              self.cfg.budget_bytes, RSS_ALLOWANCE, time.time() - self.started)
+                              self.cfg.budget_bytes, RSS_ALLOWANCE, time.time() - self.started,
+                              os.path.dirname(engine.spill.path))
 
 
 class SideBuilder:

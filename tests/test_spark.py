@@ -1,0 +1,225 @@
+"""arrangedb on a real local Spark (pip pyspark + Java 17): results equal Spark's own.
+
+One ``local[2]`` session serves the module; the test with separate executor processes
+runs ``local-cluster[2,1,1024]`` in a subprocess (one SparkContext per JVM).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+pytestmark = pytest.mark.spark
+
+if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+    pytest.skip("Spark needs Java 17 (see `make java`)", allow_module_level=True)
+
+from arrangedb.pager import RSS_ALLOWANCE  # noqa: E402
+from arrangedb.spark_integration import (  # noqa: E402
+    ArrangedDataset, arrange_df, local_session, snapshot_join, snapshot_reduce)
+from arrangedb.spark_integration.config import check_address_space, task_slots  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def spark():
+    s = local_session("local[2]", memory_budget="64MiB")
+    yield s
+    s.stop()
+
+
+def rows(df) -> Counter:
+    def norm(v):
+        return round(v, 6) if isinstance(v, float) else v
+    return Counter(tuple(norm(v) for v in r) for r in df.collect())
+
+
+def sides(spark, seed=0, n=3000, m=800):
+    """Duplicates, nulls in keys and vals, one key holding 10% of the rows."""
+    rng = np.random.default_rng(seed)
+    k = rng.integers(0, 300, n)
+    k[: n // 10] = 7
+    left = pa.table({
+        "k": pa.array(k, mask=rng.random(n) < 0.05),
+        "s": pa.array([f"s{x % 4}" for x in k], pa.string()),
+        "a": pa.array(rng.integers(0, 5, n), mask=rng.random(n) < 0.1),
+        "x": rng.integers(0, 100, n).astype(np.float64) / 4,
+    })
+    rk = rng.integers(0, 350, m)
+    rk[: m // 10] = 7
+    right = pa.table({
+        "k": pa.array(rk, mask=rng.random(m) < 0.05),
+        "s": pa.array([f"s{x % 4}" for x in rk], pa.string()),
+        "b": pa.array([f"é{v}" for v in rng.integers(0, 9, m)], mask=rng.random(m) < 0.1),
+        "x": rng.integers(0, 100, m).astype(np.float64),
+    })
+    return spark.createDataFrame(left), spark.createDataFrame(right)
+
+
+SPARK_HOW = {"inner": "inner", "left": "left", "semi": "left_semi", "anti": "left_anti"}
+
+
+@pytest.mark.parametrize("how", list(SPARK_HOW))
+@pytest.mark.parametrize("on", [["k"], ["k", "s"]])
+def test_join_equals_sparks_join(spark, how, on):
+    left, right = sides(spark)
+    got = snapshot_join(left, right, on, how=how, num_partitions=3)
+    want = left.join(right, on, SPARK_HOW[how])
+    assert len(got.columns) == len(want.columns)
+    assert rows(got) == rows(want)
+    m = got.arrangedb_metrics.value
+    assert m["tasks"] >= 3 and m["over_budget_tasks"] == 0
+
+
+def test_reduce_equals_sparks_group_by(spark):
+    from pyspark.sql import functions as F
+
+    left, _ = sides(spark, seed=1)
+    aggs = {"n": ("count", None), "na": ("count", "a"), "sa": ("sum", "a"),
+            "sx": ("sum", "x"), "lo": ("min", "s"), "hi": ("max", "x"), "m": ("mean", "a")}
+    want = left.groupBy("k").agg(F.count("*"), F.count("a"), F.sum("a"), F.sum("x"),
+                                 F.min("s"), F.max("x"), F.avg("a"))
+    assert rows(snapshot_reduce(left, "k", aggs, num_partitions=3)) == rows(want)
+    # count_distinct takes the arranged path (null group keys made safe)
+    got = snapshot_reduce(left, ["k"], {"n": ("count", None), "d": ("count_distinct", "a")})
+    assert rows(got) == rows(left.groupBy("k").agg(F.count("*"), F.countDistinct("a")))
+
+
+def test_reduce_of_a_join_runs_in_the_join_tasks(spark):
+    from pyspark.sql import functions as F
+
+    left, right = sides(spark, seed=2)
+    joined = snapshot_join(left, right, "k", how="left", num_partitions=3)
+    got = snapshot_reduce(joined, "b", {"n": ("count", None), "s": ("sum", "a"),
+                                        "m": ("max", "left_x")})
+    want = (left.join(right, "k", "left").groupBy("b")
+            .agg(F.count("*"), F.sum("a"), F.max(left.x)))
+    assert rows(got) == rows(want)
+
+
+def test_arranged_datasets_are_reused(spark, tmp_path):
+    from pyspark.sql import functions as F
+
+    left, right = sides(spark, seed=3)
+    left, right = left.where("k is not null"), right.where("k is not null")
+    dl = arrange_df(left, "k", path=tmp_path / "left", num_partitions=4)
+    dr = arrange_df(right, "k", vals=["b"], path=tmp_path / "right", num_partitions=4)
+    assert ArrangedDataset.open(tmp_path / "left") == dl
+    want = rows(left.join(right.select("k", "b"), "k"))
+    assert rows(snapshot_join(dl, dr, "k")) == want          # both arranged: no shuffle
+    assert rows(snapshot_join(left, dr, "k")) == want        # one side arranged
+    got = snapshot_reduce(dl, "k", {"n": ("count", None), "d": ("count_distinct", "s")})
+    assert rows(got) == rows(left.groupBy("k").agg(F.count("*"), F.countDistinct("s")))
+    with pytest.raises(FileExistsError):
+        arrange_df(left, "k", path=tmp_path / "left")
+
+
+def test_bad_input_is_refused_on_the_driver(spark):
+    left, right = sides(spark)
+    with pytest.raises(KeyError, match="nope"):
+        snapshot_join(left, right, "nope")
+    with pytest.raises(TypeError, match="key types differ"):
+        snapshot_join(left, right.withColumn("k", right.k.cast("string")), "k")
+    with pytest.raises(ValueError, match="unknown how"):
+        snapshot_join(left, right, "k", how="full")
+    with pytest.raises(TypeError, match="numeric"):
+        snapshot_reduce(left, "k", {"x": ("sum", "s")})
+
+
+@pytest.mark.slow
+def test_a_partition_several_times_its_budget_stays_within_it():
+    """local[2] with 32 MiB per executor: 16 MiB per task; each task gets ~5x that."""
+    script = textwrap.dedent("""
+        import json
+        from arrangedb.spark_integration import local_session, snapshot_join
+        spark = local_session("local[2]", memory_budget="32MiB")
+        big = spark.range(0, 5_000_000, 1, 4).selectExpr("(id * 7919) % 1000003 as k",
+                                                         "id as v")
+        small = spark.range(0, 1_000_003, 1, 2).selectExpr("id as k", "id % 20 as r")
+        j = snapshot_join(big, small, "k", num_partitions=2)
+        n = j.count()
+        print(json.dumps({"rows": n, "metrics": j.arrangedb_metrics.value}))
+        spark.stop()
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    m = r["metrics"]
+    assert r["rows"] == 5_000_000
+    budget = m["max_task_budget_bytes"]
+    assert budget == 16 << 20
+    assert m["bytes_spilled"] > 4 * budget
+    print(f"peak RSS per task over its start {m['max_task_peak_rss_bytes'] / 2**20:.0f} MiB, "
+          f"budget {budget / 2**20:.0f} MiB + {RSS_ALLOWANCE / 2**20:.0f} MiB")
+    assert m["over_budget_tasks"] == 0
+    assert m["max_task_peak_rss_bytes"] <= budget + RSS_ALLOWANCE
+
+
+@pytest.mark.slow
+def test_separate_executor_processes(tmp_path):
+    """local-cluster: executors are their own JVMs with their own local dirs and budget."""
+    script = textwrap.dedent("""
+        import json, os
+        from collections import Counter
+        from arrangedb.spark_integration import local_session, snapshot_join, snapshot_reduce
+        spark = local_session("local-cluster[2,1,1024]", memory_budget="48MiB",
+                              extra={"spark.local.dir": os.environ["LOCAL_DIR"],
+                                     "spark.executor.memory": "512m"})
+        a = spark.range(0, 200_000, 1, 4).selectExpr("id % 5000 as k", "id as v")
+        b = spark.range(0, 6000, 1, 2).selectExpr("id as k", "id % 7 as r")
+        j = snapshot_join(a, b, "k", num_partitions=4)
+        got = Counter(map(tuple, j.collect()))
+        want = Counter(map(tuple, a.join(b, "k").collect()))
+        r = snapshot_reduce(j, "r", {"n": ("count", None), "s": ("sum", "v")})
+        print(json.dumps({"equal": got == want, "rows": sum(got.values()),
+                          "groups": len(r.collect()), "metrics": j.arrangedb_metrics.value,
+                          "driver_pid": os.getpid()}))
+        spark.stop()
+    """)
+    env = dict(os.environ, LOCAL_DIR=str(tmp_path), SPARK_LOCAL_IP="127.0.0.1")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["equal"] and r["rows"] == 200_000 and r["groups"] == 7
+    m = r["metrics"]
+    assert m["max_task_budget_bytes"] == 48 << 20     # one core per executor: one slot
+    # engines spilled under the executors' own local directories (Spark's blockmgr dirs)
+    assert m["spill_roots"] and all(d.startswith(str(tmp_path)) for d in m["spill_roots"])
+
+
+def test_task_slots_divide_the_executor_budget():
+    assert task_slots({}, "local[2]") == 2
+    assert task_slots({"spark.task.cpus": "2"}, "local[4]") == 2
+    assert task_slots({}, "local-cluster[2,3,1024]") == 3
+    assert task_slots({"spark.executor.cores": "8", "spark.task.cpus": "2"}, "yarn") == 4
+
+
+def test_address_space_limit_is_detected_with_a_clear_message():
+    script = textwrap.dedent("""
+        import resource, sys
+        from arrangedb.spark_integration.config import check_address_space
+        import psutil
+        vms = psutil.Process().memory_info().vms
+        resource.setrlimit(resource.RLIMIT_AS, (vms + (200 << 20), resource.RLIM_INFINITY))
+        try:
+            check_address_space(256 << 20)
+        except MemoryError as e:
+            print(e); sys.exit(0)
+        sys.exit(1)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "spark.executor.pyspark.memory" in out.stdout and "RLIMIT_AS" in out.stdout
+    check_address_space(1 << 20)   # no limit in the test process: nothing to say
