@@ -93,6 +93,10 @@ class MergedReader:
         self.window_rows = window_rows or ctx.window_rows
         tags = tags if tags is not None else [0] * len(batches)
         self._sources = [(BatchReader(b, ctx), t) for b, t in zip(batches, tags) if len(b)]
+        # a step holds a window of every source and its kernels several copies of the
+        # step: keep the step's total, not each source's share, proportional to the
+        # budget, so a wide merge costs no more memory than a narrow one
+        self.window_rows = max(1024, self.window_rows * 4 // max(4, len(self._sources)))
 
     def __iter__(self) -> Iterator[list[tuple[int, Updates]]]:
         try:

@@ -1,0 +1,69 @@
+"""A join of two inputs together 8x the budget, its output streamed into an aggregation,
+stays within the budget: measured as the process's RSS in a fresh interpreter."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SCRIPT = textwrap.dedent("""
+    import json, sys
+    import numpy as np, pyarrow as pa
+    import arrangedb as adb
+    from arrangedb.pager import RSS_ALLOWANCE
+
+    budget, root = int(sys.argv[1]), sys.argv[2]
+    rows_per_batch = 1 << 16
+    row_bytes = 8 + 8 + 16                       # key, val, and each update's time and diff
+    total = 8 * budget // row_bytes              # both sides together: 8x the budget
+    n_orders, n_customers = total * 7 // 8, total // 8
+    keys = n_customers
+    sums = {"orders": 0, "amount": 0}
+
+    def orders():
+        rng = np.random.default_rng(1)
+        for start in range(0, n_orders, rows_per_batch):
+            n = min(rows_per_batch, n_orders - start)
+            k = rng.integers(0, keys, n)
+            a = rng.integers(0, 1000, n)
+            sums["orders"] += n
+            sums["amount"] += int(a.sum())
+            yield pa.record_batch({"customer_id": k, "amount": a})
+
+    def customers():
+        for start in range(0, n_customers, rows_per_batch):
+            k = np.arange(start, min(start + rows_per_batch, n_customers))
+            yield pa.record_batch({"customer_id": k, "region": k % 20})
+
+    with adb.Engine(spill_dir=root, memory_budget=budget) as e:
+        o = e.arrange(orders(), key=["customer_id"])
+        c = e.arrange(customers(), key=["customer_id"])
+        out = adb.group_by(adb.join(o, c), by="region",
+                           aggs={"orders": ("count", None), "amount": ("sum", "amount")},
+                           engine=e).read_all()
+        s = e.stats()
+    print(json.dumps({"orders": int(pa.compute.sum(out.column("orders")).as_py()),
+                      "amount": int(pa.compute.sum(out.column("amount")).as_py()),
+                      "groups": out.num_rows, "expected": sums,
+                      "grown": s["peak_rss_bytes"] - s["baseline_rss_bytes"],
+                      "spilled": s["bytes_spilled"], "allowance": RSS_ALLOWANCE}))
+""")
+
+
+@pytest.mark.slow
+def test_join_and_aggregate_eight_times_the_budget(tmp_path):
+    budget = 32 << 20
+    out = subprocess.run([sys.executable, "-c", SCRIPT, str(budget), str(tmp_path)],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["groups"] == 20
+    assert {"orders": r["orders"], "amount": r["amount"]} == r["expected"]
+    assert r["spilled"] >= 2 * budget, "the inputs did not go through page files"  # compressed
+    print(f"peak RSS over baseline {r['grown'] / 2**20:.0f} MiB, "
+          f"limit {(budget + r['allowance']) / 2**20:.0f} MiB")
+    assert r["grown"] <= budget + r["allowance"]
