@@ -62,3 +62,11 @@ def no_leaked_page_files(tmp_path_factory):
                     + ", ".join(sorted(leaked)[:5])
                     + (f" and {len(leaked) - 5} more" if len(leaked) > 5 else ""),
                     pytrace=False)
+
+
+# Speed lives in the benchmarks: a per-example deadline only measures how busy the machine
+# is (two cores shared with Spark's JVMs), so it is off for every property test.
+from hypothesis import settings as _hypothesis_settings  # noqa: E402
+
+_hypothesis_settings.register_profile("arrangedb", deadline=None)
+_hypothesis_settings.load_profile("arrangedb")
