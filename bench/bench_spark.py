@@ -1,0 +1,166 @@
+"""The demo query on Spark: arrangedb against Spark's own plans, same data, same run.
+
+orders x customers on customer_id, then count and sum(amount) per region, on local[2]:
+
+- arrangedb cold: snapshot_join + snapshot_reduce from Parquet (arranged in the tasks);
+- arrangedb reused: both sides arranged once with arrange_df (not timed), then queried;
+- Spark sort-merge join (spark.sql.autoBroadcastJoinThreshold=-1);
+- Spark's default plan (whatever the optimizer picks with its default threshold).
+
+Peak memory is the RSS of the whole process tree (this Python driver, the JVM it
+launched and the Python workers), sampled every 50 ms. Ratios are Spark's time over
+arrangedb's (above 1: arrangedb is faster). ARRANGEDB_BENCH_SCALE=full runs scale 0.5
+(20M orders x 2M customers); the default is a smoke run at scale 0.005.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import threading
+import time
+
+import psutil
+import pytest
+
+from arrangedb.tools import datagen
+
+pytestmark = pytest.mark.spark
+
+FULL = os.environ.get("ARRANGEDB_BENCH_SCALE") == "full"
+SCALE = 0.5 if FULL else 0.005
+BUDGET = "512MiB"
+RESULTS: dict[str, dict] = {}
+
+
+class TreeRSS:
+    """Peak RSS of this process and all its descendants while the block runs."""
+
+    def __enter__(self):
+        self.peak, self._stop = 0, threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+        return self
+
+    def _run(self):
+        me = psutil.Process()
+        while not self._stop.wait(0.05):
+            total = 0
+            for p in [me] + me.children(recursive=True):
+                try:
+                    total += p.memory_info().rss
+                except psutil.Error:
+                    pass
+            self.peak = max(self.peak, total)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+
+
+@pytest.fixture(scope="module")
+def env():
+    from arrangedb.spark_integration import arrange_df, local_session
+
+    files = datagen.generate(os.path.join(tempfile.gettempdir(), "arrangedb-bench",
+                                          f"scale-{SCALE:g}"), SCALE)
+    spark = local_session("local[2]", memory_budget=BUDGET,
+                          extra={"spark.sql.autoBroadcastJoinThreshold": "-1"})
+    orders = spark.read.parquet(files["orders"]).select("customer_id", "amount")
+    customers = spark.read.parquet(files["customers"]).select("customer_id", "region")
+    parts = max(4, math.ceil(SCALE * 1_400_000_000 / (4 * 256 << 20)))
+    tmp = tempfile.mkdtemp(prefix="arrangedb-bench-arranged-")
+    arranged = (arrange_df(orders, "customer_id", path=os.path.join(tmp, "orders"),
+                           num_partitions=parts),
+                arrange_df(customers, "customer_id", path=os.path.join(tmp, "customers"),
+                           num_partitions=parts))
+    yield spark, orders, customers, arranged, parts
+    spark.stop()
+    _report()
+
+
+def _ours(spark, left, right, parts):
+    from arrangedb.spark_integration import ArrangedDataset, snapshot_join, snapshot_reduce
+
+    arranged = isinstance(left, ArrangedDataset)
+    j = snapshot_join(left, right, "customer_id", num_partitions=None if arranged else parts)
+    r = snapshot_reduce(j, "region", {"orders": ("count", None), "amount": ("sum", "amount")},
+                        num_partitions=2)
+    return sorted((x["region"], x["orders"], x["amount"]) for x in r.collect()), j
+
+
+def _spark(spark, orders, customers, threshold):
+    from pyspark.sql import functions as F
+
+    spark.conf.set("spark.sql.autoBroadcastJoinThreshold", threshold)
+    try:
+        r = (orders.join(customers, "customer_id").groupBy("region")
+             .agg(F.count("*").alias("orders"), F.sum("amount").alias("amount")).collect())
+    finally:
+        spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")
+    return sorted((x["region"], x["orders"], x["amount"]) for x in r)
+
+
+def _same(a, b) -> bool:
+    return len(a) == len(b) and all(x[0] == y[0] and x[1] == y[1] and
+                                    math.isclose(x[2], y[2], rel_tol=1e-9) for x, y in zip(a, b))
+
+
+def _run(benchmark, name, fn):
+    out = {}
+
+    def once():
+        with TreeRSS() as rss:
+            t = time.perf_counter()
+            out["result"] = fn()
+            out["seconds"] = time.perf_counter() - t
+        out["peak_tree_rss"] = rss.peak
+
+    benchmark.pedantic(once, rounds=1, iterations=1)
+    RESULTS[name] = {"seconds": out["seconds"], "peak_tree_rss": out["peak_tree_rss"]}
+    benchmark.extra_info.update(RESULTS[name])
+    return out["result"]
+
+
+def test_spark_sort_merge_join(benchmark, env):
+    spark, orders, customers, _, parts = env
+    spark.conf.set("spark.sql.shuffle.partitions", str(parts))
+    RESULTS["_expected"] = _run(benchmark, "spark sort-merge join",
+                                lambda: _spark(spark, orders, customers, "-1"))
+
+
+def test_spark_default_plan(benchmark, env):
+    spark, orders, customers, _, _ = env
+    got = _run(benchmark, "spark default plan",
+               lambda: _spark(spark, orders, customers, str(10 << 20)))
+    assert _same(got, RESULTS["_expected"])
+
+
+def test_arrangedb_cold(benchmark, env):
+    spark, orders, customers, _, parts = env
+    got, j = _run(benchmark, "arrangedb cold", lambda: _ours(spark, orders, customers, parts))
+    assert _same(got, RESULTS["_expected"])
+    m = j.arrangedb_metrics.value
+    RESULTS["arrangedb cold"]["max_task_peak_rss"] = m["max_task_peak_rss_bytes"]
+    assert m["over_budget_tasks"] == 0
+
+
+def test_arrangedb_reused_arrangements(benchmark, env):
+    spark, _, _, (ao, ac), parts = env
+    got, _ = _run(benchmark, "arrangedb reused", lambda: _ours(spark, ao, ac, parts))
+    assert _same(got, RESULTS["_expected"])
+
+
+def _report():
+    base = RESULTS.get("spark sort-merge join")
+    if not base:
+        return
+    lines = [f"\ndemo query at scale {SCALE:g} on local[2], arrangedb budget {BUDGET}/executor",
+             f"{'system':<24}{'seconds':>9}{'peak tree RSS':>15}{'SMJ time / this':>17}"]
+    for name, r in RESULTS.items():
+        if name.startswith("_"):
+            continue
+        lines.append(f"{name:<24}{r['seconds']:>9.2f}{r['peak_tree_rss'] / 2**20:>11.0f} MiB"
+                     f"{base['seconds'] / r['seconds']:>16.2f}x")
+    print("\n".join(lines))
