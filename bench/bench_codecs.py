@@ -201,3 +201,46 @@ def test_baseline_zstd_whole_column(benchmark, columns, summary, column):
            "decode_mbs": raw / t_dec / 1e6}
     benchmark.extra_info.update(row)
     summary.append(row)
+
+
+def _orders_arrangement_bytes(codec: str, n: int, tmp) -> dict:
+    """Stored bytes per update of an orders arrangement keyed by customer, with ``codec``."""
+    import numpy as np
+
+    from arrangedb import Engine
+
+    rng = np.random.default_rng(7)
+    cols = make_columns(n)
+    orders = pa.table({
+        "customer_id": rng.integers(0, max(n // 10, 1), n),
+        "order_id": np.arange(n, dtype=np.int64),
+        "status": cols["status"], "priority": cols["priority"],
+        "orderdate": cols["orderdate"], "price": cols["totalprice"], "comment": cols["comment"],
+    })
+    with Engine(spill_dir=tmp, memory_budget="1GiB", codec=codec) as engine:
+        t = engine.arrange(orders, key=["customer_id"])
+        t.merge_all()
+        s = t.stats()
+    return {"stored_per_update": s["stored_bytes"] / s["updates"],
+            "payload_per_update": s["payload_bytes"] / s["updates"]}
+
+
+def test_orders_arrangement_codecs_on_vs_off(benchmark, tmp_path):
+    """The issue's target: an orders arrangement with codecs on <= 0.5x its size off."""
+    n = ROWS
+    out = {}
+
+    def run():
+        out["off"] = _orders_arrangement_bytes("plain", n, tmp_path)
+        out["on"] = _orders_arrangement_bytes("auto", n, tmp_path)
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    ratio = out["on"]["stored_per_update"] / out["off"]["stored_per_update"]
+    benchmark.extra_info.update({"bytes_per_update_codecs_on": out["on"]["stored_per_update"],
+                                 "bytes_per_update_codecs_off": out["off"]["stored_per_update"],
+                                 "on_over_off": ratio})
+    print(f"\norders arrangement, {n:,} updates: {out['off']['stored_per_update']:.1f} B/update "
+          f"with codecs off, {out['on']['stored_per_update']:.1f} with codecs on "
+          f"({ratio:.2f}x)")
+    assert ratio < 1.0
+    if FULL:
+        assert ratio <= 0.5
