@@ -67,7 +67,8 @@ def test_arrange_and_read_back_eight_times_the_budget(tmp_path):
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["got"] == r["expected"]
     assert r["ordered"]
-    assert r["spilled"] >= 4 * budget, "the data did not go through the page files"
+    # compressed by the codecs, and written once: runs are read k-way, not merged first
+    assert r["spilled"] >= 2 * budget, "the data did not go through the page files"
     grown = r["peak_rss"] - r["baseline_rss"]
     peak_mib = grown / 2**20
     limit_mib = (budget + r["allowance"]) / 2**20
