@@ -1,0 +1,68 @@
+"""Join benchmark: orders x customers -> count, sum(amount) per region, arrangedb vs DuckDB.
+
+The same code as ``bench/compare.py`` (both use ``bench/_orders.py``; read its docstring
+for the cases, the two arrangedb plans and how time and RSS are measured), one test per
+(budget, case). Each test runs one subprocess per system; the benchmarked body runs once
+(``rounds=1``) and every figure lands in ``benchmark.extra_info``. The tests assert that
+the results are equal (counts exactly, sums to a relative 1e-9), never the speed.
+
+Scale: smoke (0.005, seconds) by default; ``ARRANGEDB_BENCH_SCALE=full`` -> scale 1.0.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _orders  # noqa: E402
+
+SCALE = _orders.default_scale()
+THREADS = 2
+
+
+@pytest.fixture(scope="module")
+def paths():
+    return _orders.ensure_data(SCALE)
+
+
+@pytest.mark.parametrize("case", _orders.CASES)
+@pytest.mark.parametrize("budget", list(_orders.BUDGETS))
+def test_join_vs_duckdb(benchmark, paths, budget, case):
+    def run():
+        return {system: _orders.run_worker(system, case, paths, budget, THREADS)
+                for system in ("arrangedb", "duckdb")}
+
+    res = benchmark.pedantic(run, rounds=1, iterations=1)
+    rows = _orders.rows_of(budget, case, res)
+    benchmark.extra_info.update({"scale": SCALE, "budget": budget, "case": case})
+    for r in rows:
+        p = r["plan"]
+        benchmark.extra_info.update({
+            f"{p}_arrangedb_seconds": r["arrangedb_seconds"],
+            f"{p}_duckdb_seconds": r["duckdb_seconds"],
+            f"{p}_ratio_duckdb_over_arrangedb": r["ratio"],
+            f"{p}_arrangedb_peak_rss_bytes": r["arrangedb_peak_rss"],
+            f"{p}_duckdb_peak_rss_bytes": r["duckdb_peak_rss"],
+            f"{p}_arrangedb_held_before_bytes": r["arrangedb_held_before"],
+            f"{p}_duckdb_held_before_bytes": r["duckdb_held_before"],
+            f"{p}_arrangedb_bytes_spilled": r["arrangedb_spilled"],
+        })
+    print("\n" + _orders.format_table(rows))
+    assert len(rows) == (1 if case == "cold" else 2)
+    for r in rows:
+        assert r["equal"], f"{budget} {case} {r['plan']}: {r['problems']}"
+
+
+def test_result_check_can_fail(paths):
+    """The equality check catches an off-by-one count, a wrong sum and a missing region."""
+    good = {"A": [10, 1234.5], "B": [3, 7.25]}
+    assert _orders.compare_results(good, {k: list(v) for k, v in good.items()}) == []
+    assert _orders.compare_results(good, {"A": [11, 1234.5], "B": [3, 7.25]})
+    assert _orders.compare_results(good, {"A": [10, 1234.5 * (1 + 1e-8)], "B": [3, 7.25]})
+    assert _orders.compare_results(good, {"A": [10, 1234.5]})
+    assert _orders.compare_results({}, {})
+    assert _orders.compare_results(good, {"A": [10, 1234.5 * (1 + 1e-12)], "B": [3, 7.25]}) == []
