@@ -10,6 +10,8 @@ trace and removes its spill directory.
 
 from __future__ import annotations
 
+import os
+
 import pyarrow as pa
 
 from arrangedb.pager import MemoryBudget, SpillDirectory
@@ -42,6 +44,8 @@ class Engine:
             raise RuntimeError("the engine is closed")
         schema, stream = open_batches(data)
         cols = Columns.resolve(schema, key, vals, time, diff)
+        if isinstance(data, (str, os.PathLike)):     # decode only the columns it needs
+            schema, stream = open_batches(data, columns=cols.needed())
         key_schema, val_schema = target_schemas(schema, cols)
         trace = Trace(self.ctx, key_schema, val_schema, cols, name)
         reader = pa.RecordBatchReader.from_batches(schema, stream)

@@ -37,8 +37,15 @@ def _is_supported_val(t: pa.DataType) -> bool:
     return _is_supported_key(t) or pa.types.is_null(t)
 
 
-def open_batches(data) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
-    """The schema and a stream of record batches of any supported input."""
+def open_batches(data, columns: list[str] | None = None
+                 ) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    """The schema and a stream of record batches of any supported input.
+
+    ``columns`` narrows what a Parquet input decodes (other inputs are already decoded).
+    Parquet is read one batch at a time without pre-buffering or read-ahead: pyarrow's
+    defaults keep every row group read so far (or many ahead) in Arrow memory, out of
+    the budget's sight.
+    """
     if isinstance(data, pa.Table):
         return data.schema, iter(data.to_batches(max_chunksize=1 << 16))
     if isinstance(data, pa.RecordBatch):
@@ -53,9 +60,16 @@ def open_batches(data) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
             import pyarrow.dataset as ds
 
             dataset = ds.dataset(path, format="parquet")
-            return dataset.schema, iter(dataset.to_batches(batch_size=1 << 16))
-        pf = pq.ParquetFile(path)
-        return pf.schema_arrow, pf.iter_batches(batch_size=1 << 16)
+            scan = ds.ParquetFragmentScanOptions(pre_buffer=False)
+            schema = dataset.schema if columns is None else pa.schema(
+                [dataset.schema.field(c) for c in columns])
+            return schema, iter(dataset.to_batches(
+                columns=columns, batch_size=1 << 16, fragment_scan_options=scan,
+                batch_readahead=1, fragment_readahead=1))
+        pf = pq.ParquetFile(path, pre_buffer=False)
+        schema = pf.schema_arrow if columns is None else pa.schema(
+            [pf.schema_arrow.field(c) for c in columns])
+        return schema, pf.iter_batches(batch_size=1 << 16, columns=columns)
     if isinstance(data, Iterable):
         it = iter(data)
         first = next(it, None)
@@ -85,6 +99,11 @@ def open_batches(data) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
 @dataclass(frozen=True)
 class Columns:
     """Which input columns play which role."""
+
+    def needed(self) -> list[str]:
+        """Every input column the arrangement reads, each once."""
+        cols = self.key + (self.vals or []) + [c for c in (self.time, self.diff) if c]
+        return list(dict.fromkeys(cols))
 
     key: list[str]
     vals: list[str] | None        # None: key-only arrangement

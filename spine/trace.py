@@ -18,6 +18,7 @@ been advanced and the answer would be wrong.
 
 from __future__ import annotations
 
+import os
 import weakref
 
 import numpy as np
@@ -84,6 +85,8 @@ class Trace:
         schema, stream = open_batches(data)
         Columns.resolve(schema, self.key_names, self.val_names, time, diff)  # fail early
         cols = Columns(self.key_names, self.val_names or None, time, diff)
+        if isinstance(data, (str, os.PathLike)):     # decode only the columns it needs
+            schema, stream = open_batches(data, columns=cols.needed())
         run_bytes = self.ctx.run_bytes or max(
             self.ctx.part_bytes,
             self.ctx.budget.limit // 6 if self.ctx.budget is not None else 256 << 20)
