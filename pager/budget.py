@@ -178,7 +178,9 @@ class MemoryBudget:
                 if freed >= wanted:
                     break
                 freed += int(fn(wanted - freed) or 0)
-            if freed:
+            if freed >= self.limit // 8:
+                # worth a malloc_trim (milliseconds) only when much was freed: most calls
+                # release mapped pages, which are not heap
                 release_freed_memory()
         finally:
             self._spilling = False

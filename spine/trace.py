@@ -38,7 +38,7 @@ from arrangedb.spine.spine import Spine
 from arrangedb.spine.updates import Updates
 
 _MERGE_FAN_IN = 16   # runs merged into one file at a time
-_READ_FAN_IN = 8     # runs a trace may hand its spine unmerged
+_READ_FAN_IN = 16    # runs a trace may hand its spine unmerged
 
 
 class Trace:
@@ -102,21 +102,26 @@ class Trace:
                 buffered.append(upd)
                 size += upd.nbytes
                 if size >= run_bytes:
-                    runs.append(self._seal_run(buffered))
-                    self.ctx.release(size)
-                    buffered, size = [], 0
+                    reserved, size = size, 0
+                    runs.append(self._seal_run(buffered, reserved))
+                    buffered = []
             if buffered:
-                runs.append(self._seal_run(buffered))
+                reserved, size = size, 0
+                runs.append(self._seal_run(buffered, reserved))
         finally:
             self.ctx.release(size)
         return self._merge_down(runs)
 
-    def _seal_run(self, buffered: list[Updates]) -> Batch:
-        run = consolidate(Updates.concat(buffered))
-        buffered.clear()
-        builder = Builder(self.ctx, self.key_schema, self.val_schema)
-        builder.push(run)
-        return builder.done()
+    def _seal_run(self, buffered: list[Updates], reserved: int) -> Batch:
+        """Sort and write one run; gives back the reservation of its input."""
+        try:
+            run = consolidate(Updates.concat(buffered))
+            buffered.clear()
+            builder = Builder(self.ctx, self.key_schema, self.val_schema)
+            builder.push(run)
+            return builder.done()
+        finally:
+            self.ctx.release(reserved)
 
     def _merge_down(self, runs: list[Batch]) -> list[Batch]:
         """Merge the oldest runs (up to ``_MERGE_FAN_IN`` at a time) until at most
