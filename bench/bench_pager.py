@@ -1,6 +1,6 @@
 """Pager benchmarks: page-file write and scan throughput against raw Python file I/O.
 
-The pager adds a crc32 per region, 64-byte alignment, a directory, mmap faults and
+The pager adds a checksum per region, 64-byte alignment, a directory, mmap faults and
 budget charging on top of plain file I/O; these benchmarks measure what that costs.
 Both sides move the same bytes in the same run (1 MiB int64 regions from one pool):
 

@@ -7,13 +7,13 @@ Format (version 1)
     [0, 64)      header: magic "ARNGDBPG", u32 version, u32 flags, u64 directory offset,
                  u64 directory length, u32 directory crc32, padding, u32 header crc32
     [64, ...)    regions, each starting at a multiple of 64
-    [dir, end)   directory: JSON, one entry per region (name, offset, length, crc32,
+    [dir, end)   directory: JSON, one entry per region (name, offset, length, checksum,
                  codec, codec_version, meta)
 
 A writer streams regions into ``<name>.tmp`` as they come (nothing is buffered beyond the
 region being written), then writes the directory and the header and renames the file
-into place: a reader never sees a half-written file. A region's crc32 is checked the
-first time it is mapped, so a flipped byte is caught before any decoder sees it.
+into place: a reader never sees a half-written file. A region's checksum
+(:mod:`arrangedb.pager.checksum`, at memory speed) is checked the first time it is mapped, so a flipped byte is caught before any decoder sees it.
 
 Residency
 ---------
@@ -42,11 +42,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from arrangedb.pager.checksum import checksum64
 from arrangedb.pager.errors import PageFileError, SpillError
 from arrangedb.pager.sizes import format_size
 
 MAGIC = b"ARNGDBPG"
-VERSION = 1
+VERSION = 2   # 2: region checksums are wsum64 (1 had crc32)
 ALIGN = 64
 HEADER = struct.Struct("<8sIIQQI")   # magic, version, flags, dir offset, dir length, dir crc
 HEADER_SIZE = 64
@@ -61,14 +62,14 @@ class RegionInfo:
     name: str
     offset: int
     length: int
-    crc32: int
+    checksum: int
     codec: str = "plain"
     codec_version: int = 1
     meta: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {"name": self.name, "offset": self.offset, "length": self.length,
-                "crc32": self.crc32, "codec": self.codec,
+                "checksum": self.checksum, "codec": self.codec,
                 "codec_version": self.codec_version, "meta": self.meta}
 
 
@@ -126,7 +127,7 @@ class PageWriter:
         except OSError as e:
             self.abort()
             raise self._spill_error(e, length) from e
-        info = RegionInfo(name, self._pos, length, zlib.crc32(view), codec, codec_version,
+        info = RegionInfo(name, self._pos, length, checksum64(view), codec, codec_version,
                           meta or {})
         self.regions[name] = info
         self._pos = _align(self._pos + length)
@@ -273,7 +274,7 @@ class PageFile:
             raise PageFileError(f"page file {self.path!r} is closed")
         view = self._view[info.offset: info.offset + info.length]
         if name not in self._verified:
-            if zlib.crc32(view) != info.crc32:
+            if checksum64(view) != info.checksum:
                 raise PageFileError(f"page file {self.path!r}, region {name!r}: checksum "
                                     f"mismatch (corrupt page file)")
             self._verified.add(name)
@@ -296,7 +297,7 @@ class PageFile:
         out = {}
         for name, info in self.regions.items():
             view = self._view[info.offset: info.offset + info.length]
-            out[name] = zlib.crc32(view) == info.crc32
+            out[name] = checksum64(view) == info.checksum
             self._advise(info.offset, info.length)
         return out
 

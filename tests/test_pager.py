@@ -19,6 +19,8 @@ import sys
 import tempfile
 import zlib
 
+from arrangedb.pager.checksum import checksum64
+
 import hypothesis.extra.numpy as hnp
 import hypothesis.strategies as st
 import numpy as np
@@ -159,7 +161,7 @@ def test_regions_round_trip_zero_copy(shared_spill, datas):
             expected = raw_bytes(data)
             assert info.offset % 64 == 0 and info.offset >= HEADER_SIZE
             assert info.length == len(expected)
-            assert info.crc32 == zlib.crc32(expected)
+            assert info.checksum == checksum64(expected)
 
             view = pf.buffer(name)
             assert view.readonly and bytes(view) == expected
@@ -800,3 +802,24 @@ def test_scanning_eight_times_the_budget_keeps_rss_within_budget(spill_root):
     assert s["bytes_scanned"] == 8 * limit
     assert s["peak_held_bytes"] <= limit
     assert over < limit + RSS_ALLOWANCE
+
+
+@settings(max_examples=60)
+@given(st.binary(min_size=1, max_size=20_000), st.data())
+def test_checksum_catches_any_flipped_bit_and_any_truncation(data, draw):
+    c = checksum64(data)
+    pos = draw.draw(st.integers(0, len(data) - 1))
+    bit = draw.draw(st.integers(0, 7))
+    flipped = bytearray(data)
+    flipped[pos] ^= 1 << bit
+    assert checksum64(flipped) != c
+    cut = draw.draw(st.integers(0, len(data) - 1))
+    assert checksum64(data[:cut]) != c
+
+
+def test_checksum_sees_misplaced_pages():
+    rng = np.random.default_rng(0)
+    data = rng.integers(0, 256, 4096 * 4, dtype=np.uint8).tobytes()
+    swapped = data[4096:8192] + data[:4096] + data[8192:]
+    assert checksum64(swapped) != checksum64(data)
+    assert checksum64(b"") == 0

@@ -115,7 +115,7 @@ def format_inspect(rows: list[dict]) -> str:
     """An aligned text table: a summary line per file, then its regions by column."""
     if not rows:
         return "no page files found"
-    header = ("region", "offset", "length", "codec", "ver", "crc", "ratio")
+    header = ("region", "offset", "length", "codec", "ver", "checksum", "ratio")
     cells = []
     for row in rows:
         for r in row["regions"]:
