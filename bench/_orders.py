@@ -329,29 +329,38 @@ def ad_preagg_change(engine, orders_t, preagg_t, customers_t) -> pa.Table:
 
     delta = _read_all(group_by(orders_t.changes(1, 2), by="customer_id",
                                aggs={"dn": ("count", None), "ds": ("sum", "amount")},
-                               weight="diff", engine=engine))
+                               weight="diff", engine=engine)).sort_by("customer_id")
+    schema = pa.schema([("customer_id", pa.int64()), ("n", pa.int64()), ("s", pa.float64()),
+                        ("time", pa.uint64()), ("diff", pa.int64())])
+
+    def updates():
+        """Retraction and replacement of each touched customer's row, a chunk at a time
+        (a batched, sorted lookup per chunk keeps the working set small)."""
+        for lo in range(0, delta.num_rows, 1 << 16):
+            d = delta.slice(lo, 1 << 16)
+            old = preagg_t.lookup(d.select(["customer_id"]), at=0)
+            qi = old.column("query_index").to_numpy()
+            n_old = np.zeros(d.num_rows, np.int64)
+            s_old = np.zeros(d.num_rows, np.float64)
+            has_old = np.zeros(d.num_rows, bool)
+            n_old[qi] = old.column("n").to_numpy()
+            s_old[qi] = old.column("s").to_numpy()
+            has_old[qi] = True
+            n_new = n_old + d.column("dn").to_numpy()
+            s_new = s_old + d.column("ds").to_numpy()
+            keys = d.column("customer_id").to_numpy()
+            ret, ins = has_old, n_new != 0
+            yield pa.record_batch([
+                np.concatenate([keys[ret], keys[ins]]),
+                np.concatenate([n_old[ret], n_new[ins]]),
+                np.concatenate([s_old[ret], s_new[ins]]),
+                np.ones(int(ret.sum() + ins.sum()), np.uint64),
+                np.concatenate([-np.ones(int(ret.sum()), np.int64),
+                                np.ones(int(ins.sum()), np.int64)])], schema=schema)
+
     if delta.num_rows:
-        delta = delta.sort_by("customer_id")
-        old = preagg_t.lookup(delta.select(["customer_id"]), at=0)
-        qi = old.column("query_index").to_numpy()
-        n_old = np.zeros(delta.num_rows, np.int64)
-        s_old = np.zeros(delta.num_rows, np.float64)
-        has_old = np.zeros(delta.num_rows, bool)
-        n_old[qi] = old.column("n").to_numpy()
-        s_old[qi] = old.column("s").to_numpy()
-        has_old[qi] = True
-        n_new = n_old + delta.column("dn").to_numpy()
-        s_new = s_old + delta.column("ds").to_numpy()
-        keys = delta.column("customer_id").to_numpy()
-        ret, ins = has_old, n_new != 0
-        preagg_t.insert(pa.table({
-            "customer_id": np.concatenate([keys[ret], keys[ins]]),
-            "n": np.concatenate([n_old[ret], n_new[ins]]),
-            "s": np.concatenate([s_old[ret], s_new[ins]]),
-            "time": np.ones(int(ret.sum() + ins.sum()), np.uint64),
-            "diff": np.concatenate([-np.ones(int(ret.sum()), np.int64),
-                                    np.ones(int(ins.sum()), np.int64)])}),
-            time="time", diff="diff")
+        preagg_t.insert(pa.RecordBatchReader.from_batches(schema, updates()),
+                        time="time", diff="diff")
     return _read_all(group_by(join(preagg_t, customers_t, since=1, upto=2), by="region",
                               aggs=PREAGG_SUMS, weight="diff", engine=engine))
 

@@ -24,6 +24,7 @@ import weakref
 import numpy as np
 import pyarrow as pa
 
+from arrangedb.pager.budget import release_freed_memory
 from arrangedb.spine.batch import Batch
 from arrangedb.spine.builder import Builder
 from arrangedb.spine.context import StorageContext
@@ -110,7 +111,12 @@ class Trace:
                 runs.append(self._seal_run(buffered, reserved))
         finally:
             self.ctx.release(size)
-        return self._merge_down(runs)
+        runs = self._merge_down(runs)
+        if self.ctx.budget is not None:
+            # sorting left big freed blocks with the allocator; give them back so the
+            # RSS the budget watches shows what is really held
+            release_freed_memory()
+        return runs
 
     def _seal_run(self, buffered: list[Updates], reserved: int) -> Batch:
         """Sort and write one run; gives back the reservation of its input."""
