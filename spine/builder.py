@@ -32,6 +32,7 @@ class Builder:
         self._pending_bytes = 0
         self._reserved = 0
         self._writer = ctx.new_writer() if ctx.spill is not None else None
+        self._codec_choices: dict = {}   # column -> codec, chosen on the first part
         self._lower = None
         self._upper = 0
 
@@ -97,7 +98,7 @@ class Builder:
             from arrangedb.spine.storage import write_part
 
             part = write_part(self._writer, len(self.parts), layout, self.ctx.codec,
-                              (self.key_schema, self.val_schema))
+                              (self.key_schema, self.val_schema), self._codec_choices)
         self.parts.append(part)
 
     def done(self, since: int = 0, lower: int | None = None, upper: int | None = None) -> Batch:

@@ -242,7 +242,7 @@ def sort_rows(kc: np.ndarray, vc: np.ndarray | None, times: np.ndarray | None,
     uint64 when they fit -- so unique keys cost a single sort. Returns the order and
     whether any key repeats.
     """
-    order = np.argsort(kc, kind="stable" if presorted_runs else "quicksort")
+    order = np.argsort(kc, kind="stable") if presorted_runs else fast_argsort(kc)
     kc_s = kc[order]
     ties = kc_s[1:] == kc_s[:-1]
     if not ties.any():
@@ -261,11 +261,67 @@ def sort_rows(kc: np.ndarray, vc: np.ndarray | None, times: np.ndarray | None,
     secondary = [c[rows] for c in (vc, times) if c is not None]
     packed = _pack([g] + secondary)
     if packed is not None:
-        sub_order = np.argsort(packed, kind="stable" if presorted_runs else "quicksort")
+        sub_order = (np.argsort(packed, kind="stable") if presorted_runs
+                     else fast_argsort(packed))
     else:
-        sub_order = np.lexsort(tuple(reversed([g] + secondary)))
+        sub_order = _lsd_order([g] + secondary)
     order[sub] = rows[sub_order]
     return order, True
+
+
+def _packed_argsort(x: np.ndarray) -> np.ndarray | None:
+    """argsort by sorting values: (x - min) with the row index in the low bits.
+
+    numpy sorts plain integers several times faster than it argsorts them (vectorized
+    sorting networks), and the index in the low bits makes the result stable. None when
+    the span and the index do not fit in 64 bits together.
+    """
+    n = len(x)
+    if x.dtype.kind not in "iub":
+        return None
+    index_bits = max(int(n - 1).bit_length(), 1)
+    bits, off = _bits(x)
+    if bits + index_bits > 64:
+        return None
+    p = off << np.uint64(index_bits)
+    p |= np.arange(n, dtype=np.uint64)
+    p.sort()
+    p &= np.uint64((1 << index_bits) - 1)
+    return p.view(np.int64)
+
+
+def fast_argsort(x: np.ndarray) -> np.ndarray:
+    """A stable argsort of integer codes, by packed value sort when it fits."""
+    if len(x) < 2:
+        return np.arange(len(x), dtype=np.int64)
+    order = _packed_argsort(x)
+    return order if order is not None else np.argsort(x, kind="stable")
+
+
+def _stable_by(x: np.ndarray) -> np.ndarray:
+    """A stable argsort of one pass of an LSD sort; wide codes go through dense ranks."""
+    order = _packed_argsort(x) if len(x) > 1 else np.arange(len(x), dtype=np.int64)
+    if order is not None:
+        return order
+    s = np.argsort(x)                               # ranks need no stability
+    rank = np.empty(len(x), np.int64)
+    xs = x[s]
+    rank[s] = np.concatenate([[0], np.cumsum(xs[1:] != xs[:-1])])
+    return _packed_argsort(rank)
+
+
+def _lsd_order(columns: list[np.ndarray]) -> np.ndarray:
+    """Order by several code columns (most significant first): stable passes, least
+    significant first -- cheaper than lexsort when each pass is a packed value sort."""
+    order = None
+    for c in reversed(columns):
+        if order is None:     # the first pass needs no stability: any fast argsort
+            order = _packed_argsort(c) if len(c) > 1 else None
+            if order is None:
+                order = np.argsort(c)
+        else:
+            order = order[_stable_by(c[order])]
+    return order
 
 
 def _pack(columns: list[np.ndarray]) -> np.ndarray | None:

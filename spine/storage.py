@@ -21,14 +21,22 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.codecs import decode, encode
+from arrangedb.codecs import choose_codec, decode, encode
 from arrangedb.spine.layout import PartLayout
 from arrangedb.spine.part import PagedPart, boundary_key, payload_bytes
 
 _NUMERIC_CODEC = {"key_bounds": "offsets", "val_bounds": "offsets"}
 
 
-def _encode_group(writer, prefix: str, values, codec: str) -> tuple[dict, int]:
+def _encode_group(writer, prefix: str, values, codec: str,
+                  choices: dict | None = None) -> tuple[dict, int]:
+    if codec == "auto" and choices is not None:
+        # one choice per column and builder: parts of one batch look alike, and choosing
+        # (sampling, counting distinct values) costs as much as encoding a small part
+        column = prefix.split("/", 1)[1]
+        if column not in choices:
+            choices[column] = choose_codec(values)
+        codec = choices[column]
     enc = encode(values, codec)
     names, stored = [], 0
     buffers = list(enc.buffers) or [b""]
@@ -45,7 +53,8 @@ def _encode_group(writer, prefix: str, values, codec: str) -> tuple[dict, int]:
     return group, stored
 
 
-def write_part(writer, index: int, layout: PartLayout, codec: str, schemas) -> PagedPart:
+def write_part(writer, index: int, layout: PartLayout, codec: str, schemas,
+               choices: dict | None = None) -> PagedPart:
     """Encode ``layout`` into regions ``p<index>/...`` of ``writer``; return the part."""
     columns, stored = {}, 0
     for fname in ("keys", "vals"):
@@ -55,7 +64,7 @@ def write_part(writer, index: int, layout: PartLayout, codec: str, schemas) -> P
         groups = []
         for col_name, col in zip(table.column_names, table.columns):
             arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-            g, s = _encode_group(writer, f"p{index}/{fname}/{col_name}", arr, codec)
+            g, s = _encode_group(writer, f"p{index}/{fname}/{col_name}", arr, codec, choices)
             groups.append(g)
             stored += s
         columns[fname] = groups
@@ -64,7 +73,7 @@ def write_part(writer, index: int, layout: PartLayout, codec: str, schemas) -> P
         if arr is None:
             continue
         c = _NUMERIC_CODEC.get(fname, codec)
-        g, s = _encode_group(writer, f"p{index}/{fname}", np.ascontiguousarray(arr), c)
+        g, s = _encode_group(writer, f"p{index}/{fname}", np.ascontiguousarray(arr), c, choices)
         columns[fname] = [g]
         stored += s
     n = layout.num_updates
