@@ -346,5 +346,5 @@ def sort_order(*code_arrays: np.ndarray) -> np.ndarray:
     """
     present = [c for c in code_arrays if c is not None]
     if len(present) == 1:
-        return np.argsort(present[0], kind="stable")
+        return fast_argsort(present[0])
     return np.lexsort(tuple(reversed(present)))

@@ -254,14 +254,15 @@ class Trace:
         hi = np.searchsorted(u_rows, np.arange(len(uniq_pos)), side="right")
         q_index = order                              # sorted position -> original row
         per_query = (hi - lo)[group_of_sorted]
-        by_query = np.argsort(q_index, kind="stable")  # original row order
+        by_query = np.empty(n, dtype=np.int64)       # original row order: the inverse
+        by_query[q_index] = np.arange(n)              # permutation, no sort needed
         reps = per_query[by_query]
         starts = lo[group_of_sorted][by_query]
         total = int(reps.sum())
         run_start = np.zeros(len(reps), dtype=np.int64)
         np.cumsum(reps[:-1], out=run_start[1:])
         rows = np.arange(total, dtype=np.int64) + np.repeat(starts - run_start, reps)
-        qi = np.repeat(np.sort(q_index), reps)
+        qi = np.repeat(np.arange(n), reps)           # q_index is a permutation of 0..n-1
         key_rows = uq.take(u_rows[rows])
         out_vals = vals.take(rows) if vals is not None else None
         return _record_table(schema, qi, key_rows, out_vals, counts[rows])
