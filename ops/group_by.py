@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 
 from arrangedb.ops.aggregate import aggregate, check_aggs, output_field
 from arrangedb.ops.common import DEFAULT_BATCH_ROWS, columns_of
+from arrangedb.pager.budget import release_freed_memory
 
 _COMBINE = {"n": "sum", "s": "sum", "v": "sum", "min": "min", "max": "max"}
 
@@ -230,9 +231,17 @@ def _run(partials: _Partials, batches, engine, memory_budget, spill_dir, batch_r
         if engine is None:
             own_engine = engine = Engine(spill_dir=spill_dir, memory_budget=memory_budget)
         limit = max(engine.budget.limit // 4, 1 << 20)
+        churn = 0
         for rb in batches:
             if rb.num_rows == 0:
                 continue
+            churn += rb.nbytes
+            if churn >= limit // 2:
+                # Arrow's pool (mimalloc) keeps what grouping and the upstream operator
+                # freed until told otherwise; the RSS the budget watches would grow
+                # with the input instead of the groups
+                release_freed_memory()
+                churn = 0
             part = first(rb)
             held.append(part)
             held_bytes += part.nbytes
@@ -251,6 +260,7 @@ def _run(partials: _Partials, batches, engine, memory_budget, spill_dir, batch_r
                 trace.insert(spill)
             held = [combined.filter(pa.array(nulls))]
             held_bytes = held[0].nbytes
+            release_freed_memory()
         rest = partials.combine(pa.concat_tables(held)) if held else None
         if trace is None:
             if rest is not None and rest.num_rows:
@@ -265,6 +275,7 @@ def _run(partials: _Partials, batches, engine, memory_budget, spill_dir, batch_r
                 yield last(rest)
         yield from _finish_spilled(partials, trace, last)
     finally:
+        release_freed_memory()
         if own_engine is not None:
             own_engine.close()
 

@@ -17,12 +17,14 @@ class StorageContext:
     codec: str = "auto"
     part_bytes: int = 4 << 20     # target decoded size of a part
     window_rows: int = 1 << 16    # rows each source contributes to one merge step
-    run_bytes: int | None = None  # input buffered per sorted run (None: a sixth of the budget)
+    run_bytes: int | None = None  # input buffered per sorted run (None: an eighth of the budget)
 
     @classmethod
     def for_budget(cls, budget, spill, codec: str = "auto") -> "StorageContext":
         limit = budget.limit if budget is not None else 1 << 30
-        part = min(max(limit // 64, 256 << 10), 16 << 20)
+        # a reader of a k-way merge holds one decoded part per source (up to 16, about
+        # twice the part's stored size each): 16 x 2 x limit/128 = a quarter of the budget
+        part = min(max(limit // 128, 256 << 10), 16 << 20)
         window = min(max(limit // (64 * 32), 4096), 1 << 18)
         return cls(budget=budget, spill=spill, codec=codec, part_bytes=part, window_rows=window)
 

@@ -42,6 +42,21 @@ _MERGE_FAN_IN = 16   # runs merged into one file at a time
 _READ_FAN_IN = 16    # runs a trace may hand its spine unmerged
 
 
+def _pieces(stream, max_bytes: int):
+    """The stream's non-empty batches, sliced so that none exceeds ``max_bytes``: a run
+    must not have to take a whole oversized batch (its sort would outgrow the budget)."""
+    for rb in stream:
+        n = rb.num_rows
+        if n == 0:
+            continue
+        if rb.nbytes <= max_bytes:
+            yield rb
+            continue
+        rows = max(1, n * max_bytes // rb.nbytes)
+        for lo in range(0, n, rows):
+            yield rb.slice(lo, rows)
+
+
 class Trace:
     def __init__(self, ctx: StorageContext, key_schema: pa.Schema, val_schema: pa.Schema | None,
                  columns: Columns, name: str | None = None):
@@ -90,14 +105,12 @@ class Trace:
             schema, stream = open_batches(data, columns=cols.needed())
         run_bytes = self.ctx.run_bytes or max(
             self.ctx.part_bytes,
-            self.ctx.budget.limit // 6 if self.ctx.budget is not None else 256 << 20)
+            self.ctx.budget.limit // 8 if self.ctx.budget is not None else 256 << 20)
         runs: list[Batch] = []
         buffered: list[Updates] = []
         size = 0
         try:
-            for rb in stream:
-                if rb.num_rows == 0:
-                    continue
+            for rb in _pieces(stream, max(run_bytes // 2, 1)):
                 upd = to_updates(rb, cols, self.key_schema, self.val_schema)
                 self.ctx.reserve(upd.nbytes, "ingest buffer")
                 buffered.append(upd)
@@ -119,7 +132,14 @@ class Trace:
         return runs
 
     def _seal_run(self, buffered: list[Updates], reserved: int) -> Batch:
-        """Sort and write one run; gives back the reservation of its input."""
+        """Sort and write one run; gives back the reservation of its input.
+
+        Sorting holds a few copies of the run at once (the concatenated input, codes,
+        orders, the sorted copy, its layout): they are reserved too, so the budget sees
+        them instead of leaving them to the allowance.
+        """
+        temporaries = 3 * reserved
+        self.ctx.reserve(temporaries, "sorting a run")
         try:
             run = consolidate(Updates.concat(buffered))
             buffered.clear()
@@ -127,7 +147,7 @@ class Trace:
             builder.push(run)
             return builder.done()
         finally:
-            self.ctx.release(reserved)
+            self.ctx.release(reserved + temporaries)
 
     def _merge_down(self, runs: list[Batch]) -> list[Batch]:
         """Merge the oldest runs (up to ``_MERGE_FAN_IN`` at a time) until at most
