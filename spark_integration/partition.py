@@ -68,11 +68,11 @@ class _Task:
 
 
 class SideBuilder:
-    """Buffers one side's rows and arranges them in chunks of about an eighth of the budget."""
+    """Buffers one side's rows and arranges them in chunks of about a sixteenth of the budget."""
 
     def __init__(self, engine, keys: list[str], vals: list[str], schema: pa.Schema):
         self.engine, self.keys, self.vals, self.schema = engine, keys, vals, schema
-        self.chunk = max(engine.budget.limit // 8, 1 << 20)
+        self.chunk = max(engine.budget.limit // 16, 1 << 20)
         self.buffered: list[pa.RecordBatch] = []
         self.size = 0
         self.trace = None

@@ -138,7 +138,7 @@ class Trace:
         orders, the sorted copy, its layout): they are reserved too, so the budget sees
         them instead of leaving them to the allowance.
         """
-        temporaries = 3 * reserved
+        temporaries = reserved    # codes and orders; the builder reserves the sorted copy
         self.ctx.reserve(temporaries, "sorting a run")
         try:
             run = consolidate(Updates.concat(buffered))
