@@ -22,9 +22,9 @@ class StorageContext:
     @classmethod
     def for_budget(cls, budget, spill, codec: str = "auto") -> "StorageContext":
         limit = budget.limit if budget is not None else 1 << 30
-        # a reader of a k-way merge holds one decoded part per source (up to 16, about
-        # twice the part's stored size each): 16 x 2 x limit/128 = a quarter of the budget
-        part = min(max(limit // 128, 256 << 10), 16 << 20)
+        # a reader of a k-way merge holds one decoded part per source (up to 8, about
+        # twice the part's stored size each): 8 x 2 x limit/64 = a quarter of the budget
+        part = min(max(limit // 64, 256 << 10), 16 << 20)
         window = min(max(limit // (64 * 32), 4096), 1 << 18)
         return cls(budget=budget, spill=spill, codec=codec, part_bytes=part, window_rows=window)
 

@@ -38,8 +38,8 @@ from arrangedb.spine.reader import seek_parts
 from arrangedb.spine.spine import Spine
 from arrangedb.spine.updates import Updates
 
-_MERGE_FAN_IN = 16   # runs merged into one file at a time
-_READ_FAN_IN = 16    # runs a trace may hand its spine unmerged
+_MERGE_FAN_IN = 8    # runs merged into one file at a time (one decoded part each)
+_READ_FAN_IN = 8     # runs a trace may hand its spine unmerged
 
 
 def _pieces(stream, max_bytes: int):
