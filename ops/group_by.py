@@ -19,7 +19,7 @@ weight 3 counts three times and adds three times its value.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -28,30 +28,9 @@ import pyarrow.compute as pc
 from arrangedb.ops.aggregate import aggregate, check_aggs, output_field
 from arrangedb.ops.common import DEFAULT_BATCH_ROWS, columns_of
 from arrangedb.pager.budget import release_freed_memory
+from arrangedb.spine.ingest import open_batches
 
 _COMBINE = {"n": "sum", "s": "sum", "v": "sum", "min": "min", "max": "max"}
-
-
-def _open(stream) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
-    if isinstance(stream, pa.Table):
-        return stream.schema, iter(stream.to_batches())
-    if isinstance(stream, pa.RecordBatch):
-        return stream.schema, iter([stream])
-    if isinstance(stream, pa.RecordBatchReader):
-        return stream.schema, iter(stream)
-    if isinstance(stream, Iterable):
-        it = iter(stream)
-        first = next(it, None)
-        if first is None:
-            raise ValueError("group_by: the stream is empty and has no schema; pass a "
-                             "RecordBatchReader or Table to aggregate nothing")
-
-        def chain():
-            yield first
-            yield from it
-        return first.schema, chain()
-    raise TypeError(f"group_by: expected Arrow batches (Table, RecordBatchReader, iterable "
-                    f"of RecordBatch), got {type(stream).__name__}")
 
 
 def _partial_names(aggs: dict) -> dict[str, list[tuple[str, str]]]:
@@ -176,7 +155,7 @@ def group_by(stream, by, aggs: dict, weight: str | None = "count", engine=None,
     if phase not in ("complete", "partial", "final"):
         raise ValueError(f"phase must be complete, partial or final, not {phase!r}")
     by = [by] if isinstance(by, str) else list(by)
-    stream_schema, batches = _open(stream)
+    stream_schema, batches = open_batches(stream)
     schema = stream_schema
     if phase == "final":
         if source_schema is None:

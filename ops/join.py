@@ -52,16 +52,17 @@ def _check_traces(left, right) -> None:
             "before arranging it")
 
 
-def _val_names(left, right) -> tuple[list[str], list[str]]:
+def prefixed_names(keys: list[str], lvals: list[str], rvals: list[str]
+                   ) -> tuple[list[str], list[str]]:
     """Left and right val names, prefixed ``left_``/``right_`` where they clash."""
-    lv, rv, keys = left.val_names, right.val_names, set(left.key_names)
-    clash = (set(lv) & set(rv)) | (set(rv) & keys) | (set(lv) & keys)
-    return ([f"left_{n}" if n in clash else n for n in lv],
-            [f"right_{n}" if n in clash else n for n in rv])
+    keys = set(keys)
+    clash = (set(lvals) & set(rvals)) | (set(rvals) & keys) | (set(lvals) & keys)
+    return ([f"left_{n}" if n in clash else n for n in lvals],
+            [f"right_{n}" if n in clash else n for n in rvals])
 
 
 def _schema(left, right, how: str, changes: bool) -> pa.Schema:
-    lnames, rnames = _val_names(left, right)
+    lnames, rnames = prefixed_names(left.key_names, left.val_names, right.val_names)
     fields = list(left.key_schema)
     if left.val_schema is not None:
         fields += [f.with_name(n) for f, n in zip(left.val_schema, lnames)]

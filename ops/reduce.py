@@ -124,8 +124,9 @@ def reduce(trace, aggs: dict, at: int | None = None, since: int | None = None,
                                                                   schema))
 
 
-def _filtered(trace, at, keep_fn, count_fn=None):
-    """Snapshot rows of ``trace`` kept by ``keep_fn(block) -> bool mask``."""
+def _filtered(trace, at, counts_of):
+    """Snapshot rows of ``trace`` with the counts ``counts_of(block)`` gives them; rows
+    given a zero count are dropped (a snapshot block holds no zero counts of its own)."""
     trace._check_read_time(at)
     schema = trace._output_schema(pa.field("count", pa.int64()))
 
@@ -133,23 +134,21 @@ def _filtered(trace, at, keep_fn, count_fn=None):
         for b in blocks(trace, at=at):
             if not len(b):
                 continue
-            keep = keep_fn(b)
-            rows = np.flatnonzero(keep)
+            counts = counts_of(b)
+            rows = np.flatnonzero(counts)
             if not len(rows):
                 continue
-            counts = b.counts[rows] if count_fn is None else count_fn(b, rows)
             idx = pa.array(rows, pa.int64())
             yield pa.RecordBatch.from_arrays(
                 columns_of(b.row_keys().take(idx)) + columns_of(
                     b.vals.take(idx) if b.vals is not None else None)
-                + [pa.array(counts, pa.int64())], schema=schema)
+                + [pa.array(counts[rows], pa.int64())], schema=schema)
     return pa.RecordBatchReader.from_batches(schema, gen())
 
 
 def distinct(trace, at: int | None = None) -> pa.RecordBatchReader:
     """Each (key, vals) present with a positive count, once (``count`` = 1)."""
-    return _filtered(trace, at, lambda b: b.counts > 0,
-                     lambda b, rows: np.ones(len(rows), np.int64))
+    return _filtered(trace, at, lambda b: (b.counts > 0).astype(np.int64))
 
 
 def threshold(trace, predicate, at: int | None = None) -> pa.RecordBatchReader:
@@ -157,13 +156,13 @@ def threshold(trace, predicate, at: int | None = None) -> pa.RecordBatchReader:
     if not callable(predicate):
         raise TypeError(f"predicate must be callable on an array of counts, got {predicate!r}")
 
-    def keep(b):
+    def passing(b):
         mask = np.asarray(predicate(b.counts))
         if mask.dtype != bool or mask.shape != b.counts.shape:
             raise TypeError("predicate must return a boolean array shaped like the counts "
                             "(it is called on a whole block: use numpy comparisons)")
-        return mask
-    return _filtered(trace, at, keep)
+        return np.where(mask, b.counts, 0)
+    return _filtered(trace, at, passing)
 
 
 def top_k(trace, k: int, by, descending: bool = True, at: int | None = None
@@ -175,9 +174,8 @@ def top_k(trace, k: int, by, descending: bool = True, at: int | None = None
     for col in by:
         if col not in trace.val_names:
             raise KeyError(f"top_k: no val column {col!r} (vals: {trace.val_names})")
-    taken: dict = {}
 
-    def keep(b):
+    def first_k(b):
         present = b.counts > 0
         group = np.repeat(np.arange(b.num_keys), np.diff(b.key_bounds))
         rank = codes([b.vals.select(by)], by)[0].astype(np.int64)
@@ -189,10 +187,7 @@ def top_k(trace, k: int, by, descending: bool = True, at: int | None = None
         before = csum - c - group_start_sum[group[order]]
         allowed = np.clip(k - before, 0, None)
         out = np.minimum(c, allowed)
-        mask = np.zeros(len(b.counts), dtype=bool)
         counts = np.zeros(len(b.counts), dtype=np.int64)
-        mask[order] = out > 0
         counts[order] = out
-        taken["counts"] = counts
-        return mask
-    return _filtered(trace, at, keep, lambda b, rows: taken["counts"][rows])
+        return counts
+    return _filtered(trace, at, first_k)

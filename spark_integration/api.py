@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from arrangedb.ops.aggregate import check_aggs, output_field
+from arrangedb.ops.join import prefixed_names
 from arrangedb.spark_integration import config
 from arrangedb.spark_integration.metrics import JobMetrics
 from arrangedb.spark_integration.partition import (SIDE, JoinSpec, ReduceSpec,
@@ -143,7 +144,7 @@ def snapshot_join(left_df, right_df, on, how: str = "inner", num_partitions: int
     lcols, rcols = columns(left_df, "left"), columns(right_df, "right")
     if how in ("semi", "anti"):
         rcols = [] if not isinstance(right_df, ArrangedDataset) else rcols
-    lnames, rnames = _clash_names(keys, lcols, rcols)
+    lnames, rnames = prefixed_names(keys, lcols, rcols)
     lschema = _side_schema(left_df, keys, lcols, lcols)
     rschema = _side_schema(right_df, keys, rcols, rcols)
     lkt, rkt = [lschema.field(k).type for k in keys], [rschema.field(k).type for k in keys]
@@ -212,12 +213,6 @@ def snapshot_join(left_df, right_df, on, how: str = "inner", num_partitions: int
     # lets snapshot_reduce over this very DataFrame aggregate inside the join's tasks
     result._arrangedb_join = (shuffled, spec, null_rows)
     return result
-
-
-def _clash_names(keys, lcols, rcols):
-    clash = (set(lcols) & set(rcols)) | (set(rcols) & set(keys)) | (set(lcols) & set(keys))
-    return ([f"left_{c}" if c in clash else c for c in lcols],
-            [f"right_{c}" if c in clash else c for c in rcols])
 
 
 def snapshot_reduce(df, by, aggs: dict, num_partitions: int | None = None, memory_budget=None,

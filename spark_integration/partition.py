@@ -258,16 +258,14 @@ def reduce_partition(batches, spec: ReduceSpec):
                 restore = False
             else:
                 vals = sorted({c for _, c in spec.aggs.values() if c is not None} - set(spec.by))
-                b = SideBuilder(engine, spec.by + [NULLS], vals, None)
+                cols = spec.by + [NULLS] + vals
+                schema = null_safe_keys(spec.source_schema.empty_table(), spec.by) \
+                    .select(cols).schema
+                b = SideBuilder(engine, spec.by + [NULLS], vals, schema)
                 for batch in counted(batches):
-                    b.add(null_safe_keys(pa.Table.from_batches([batch]), spec.by)
-                          .select(spec.by + [NULLS] + vals).to_batches()[0]
-                          if batch.num_rows else batch)
-                if b.schema is None and b.buffered:
-                    b.schema = b.buffered[0].schema
-                if b.schema is None:
-                    b.schema = null_safe_keys(spec.source_schema.empty_table(), spec.by) \
-                        .select(spec.by + [NULLS] + vals).schema
+                    for rb in null_safe_keys(pa.Table.from_batches([batch]), spec.by) \
+                            .select(cols).to_batches():
+                        b.add(rb)
                 trace = b.done()
                 restore = True
             for out in adb.reduce(trace, spec.aggs):

@@ -23,7 +23,7 @@ class Bar:
         self._last = frac
         filled = int(frac * self.width)
         line = (f"{self.label:<28} [{'#' * filled}{'.' * (self.width - filled)}] "
-                f"{frac * 100:5.1f}%  {detail}")
+                f"{frac * 100:4.0f}%  {detail}")
         self.out.write(("\r" + line) if self.tty else line + "\n")
         self.out.flush()
 

@@ -16,51 +16,31 @@ import numpy as np
 
 from arrangedb.pager import (RSS_ALLOWANCE, MemoryBudget, PageFile, PageWriter, SpillDirectory,
                              format_size, parse_size)
+from arrangedb.tools.progress import Bar
 
 CHUNK = 4 << 20
 FILE_SIZE = 32 << 20
 MiB = 1 << 20
 
 
-class Progress:
-    """A one-line carriage-return bar: label, bar, percent, MiB done/total, MiB/s.
+class _Bytes:
+    """A progress bar (:class:`arrangedb.tools.progress.Bar`) counting bytes, with a rate."""
 
-    Off a terminal (a log, a pipe) only the final state is written, once.
-    """
+    def __init__(self, label: str, total: int, out):
+        self.bar, self.total, self.done = Bar(label, out), max(total, 1), 0
+        self.start = time.perf_counter()
 
-    WIDTH = 30
-
-    def __init__(self, label: str, total: int, out, interval: float = 0.1):
-        self.label, self.total, self.out, self.interval = label, max(total, 1), out, interval
-        self.start = self._last = time.perf_counter()
-        self.done = 0
-        isatty = getattr(out, "isatty", None)
-        self.live = bool(isatty and isatty())   # redraw in place only on a terminal
+    def _detail(self) -> str:
+        rate = self.done / MiB / max(time.perf_counter() - self.start, 1e-9)
+        return f"{self.done / MiB:.1f}/{self.total / MiB:.1f} MiB {rate:.1f} MiB/s"
 
     def update(self, nbytes: int) -> None:
         self.done += nbytes
-        now = time.perf_counter()
-        if self.live and now - self._last >= self.interval:
-            self._last = now
-            self._draw(now)
-
-    def _draw(self, now: float) -> None:
-        frac = min(self.done / self.total, 1.0)
-        filled = int(frac * self.WIDTH)
-        rate = self.done / MiB / max(now - self.start, 1e-9)
-        redraw = "\r" if self.live else ""
-        self.out.write(f"{redraw}{self.label:<6} "
-                       f"[{'#' * filled}{'.' * (self.WIDTH - filled)}] "
-                       f"{frac:4.0%} {self.done / MiB:8.1f}/{self.total / MiB:.1f} MiB "
-                       f"{rate:8.1f} MiB/s")
-        self.out.flush()
+        self.bar.update(self.done, self.total, self._detail())
 
     def close(self) -> float:
-        now = time.perf_counter()
-        self._draw(now)
-        self.out.write("\n")
-        self.out.flush()
-        return now - self.start
+        self.bar.finish(self._detail())
+        return time.perf_counter() - self.start
 
 
 def _write(budget, spill, total: int, out) -> tuple[list[str], list[int], float, float]:
@@ -69,7 +49,7 @@ def _write(budget, spill, total: int, out) -> tuple[list[str], list[int], float,
     paths, sums, writer, pager_s = [], [], None, 0.0
     chunks_per_file = max(FILE_SIZE // CHUNK, 1)
     n_chunks = -(-total // CHUNK)
-    bar = Progress("write", n_chunks * CHUNK, out)
+    bar = _Bytes("write", n_chunks * CHUNK, out)
     try:
         for i in range(n_chunks):
             with budget.reservation(CHUNK, "generated chunk"):
@@ -96,7 +76,7 @@ def _write(budget, spill, total: int, out) -> tuple[list[str], list[int], float,
 
 
 def _scan(budget, paths, sums, out) -> tuple[int, float]:
-    bar = Progress("scan", len(sums) * CHUNK, out)
+    bar = _Bytes("scan", len(sums) * CHUNK, out)
     scanned = 0
     try:
         for path in paths:
