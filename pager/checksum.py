@@ -20,28 +20,38 @@ import numpy as np
 
 ALGORITHM = "wsum64"
 _PAGE_WORDS = 512   # 4 KiB
+_PAGE_BYTES = _PAGE_WORDS * 8
 _MASK = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
+_add = np.add.reduce   # per call costs count: regions are checksummed one by one
+_weights = np.arange(1, 257, dtype=np.uint64)   # page weights 1, 2, ...; grown on demand
+
+
+def _page_sums(mv: memoryview) -> np.ndarray:
+    """Sum (mod 2^64; integer ufuncs wrap silently) of each 4 KiB page's words; a short
+    last page is zero-padded."""
+    n = mv.nbytes
+    full = n - n % _PAGE_BYTES
+    sums = _add(np.frombuffer(mv, np.uint64, full // 8).reshape(-1, _PAGE_WORDS), axis=1)
+    if full == n:
+        return sums
+    tail = bytes(mv[full:])
+    tail += b"\0" * (-len(tail) % 8)
+    return np.append(sums, _add(np.frombuffer(tail, np.uint64)))
+
+
+def _fold(page_sums: np.ndarray, n: int) -> int:
+    global _weights
+    k = len(page_sums)
+    if k > len(_weights):
+        _weights = np.arange(1, 2 * k + 1, dtype=np.uint64)
+    s1 = int(_add(page_sums))
+    s2 = int(_add(page_sums * _weights[:k]))
+    rot = ((s2 << 29) | (s2 >> 35)) & _MASK
+    return (s1 ^ rot ^ (n * _GOLDEN)) & _MASK
 
 
 def checksum64(data) -> int:
     """The checksum of a bytes-like object, as an unsigned 64-bit int."""
     mv = memoryview(data).cast("B")
-    n = mv.nbytes
-    full = n - n % (_PAGE_WORDS * 8)
-    with np.errstate(over="ignore"):
-        if full:
-            pages = np.frombuffer(mv[:full], dtype=np.uint64).reshape(-1, _PAGE_WORDS)
-            page_sums = np.add.reduce(pages, axis=1, dtype=np.uint64)
-        else:
-            page_sums = np.zeros(0, np.uint64)
-        if full < n:
-            tail = bytes(mv[full:])
-            tail += b"\0" * (-len(tail) % 8)
-            page_sums = np.append(page_sums, np.add.reduce(
-                np.frombuffer(tail, dtype=np.uint64), dtype=np.uint64))
-        s1 = int(np.add.reduce(page_sums, dtype=np.uint64)) if len(page_sums) else 0
-        weights = np.arange(1, len(page_sums) + 1, dtype=np.uint64)
-        s2 = int(np.add.reduce(page_sums * weights, dtype=np.uint64)) if len(page_sums) else 0
-    rot = ((s2 << 29) | (s2 >> 35)) & _MASK
-    return (s1 ^ rot ^ (n * _GOLDEN)) & _MASK
+    return _fold(_page_sums(mv), mv.nbytes)
