@@ -1,12 +1,13 @@
 """Page files: append-only files of 64-byte-aligned regions, written once, read by mmap.
 
-Format (version 1)
+Format (version 2)
 ------------------
 ::
 
     [0, 64)      header: magic "ARNGDBPG", u32 version, u32 flags, u64 directory offset,
                  u64 directory length, u32 directory crc32, padding, u32 header crc32
-    [64, ...)    regions, each starting at a multiple of 64
+    [64, ...)    regions, each starting at a multiple of 64 (regions of 64 KiB and more
+                 at a multiple of the page size, of 1 MiB and more at a multiple of 1 MiB)
     [dir, end)   directory: JSON, one entry per region (name, offset, length, checksum,
                  codec, codec_version, meta)
 
@@ -19,10 +20,18 @@ Residency
 ---------
 A mapped region's pages count against the budget while a reader uses them:
 :meth:`PageFile.buffer` charges the region's length, :meth:`PageFile.release` gives the
-pages back to the kernel (``MADV_DONTNEED`` -- clean file pages, so they simply refault
-from the file if touched again) and uncharges. Regions still charged when the budget
-runs short are released least-recently-mapped first by the budget's resident-set
+region's pages back to the kernel (``MADV_DONTNEED`` -- clean file pages, so they simply
+refault from the file if touched again) and uncharges. Regions still charged when the
+budget runs short are released least-recently-mapped first by the budget's resident-set
 spiller.
+
+A fault maps more than the page asked for: fault-around and large page-cache folios map
+whole aligned neighbourhoods (a megabyte for one touched byte on this machine's kernel),
+so reading a region can leave pages of its unread neighbours mapped and uncharged.
+Releasing a wide window around every region would drop pages the next sequential read
+is about to use; instead, release is exact and the spiller, when the budget asks,
+sweeps the page files released since its last call, dropping every page outside the
+regions still in use.
 """
 
 from __future__ import annotations
@@ -52,7 +61,8 @@ ALIGN = 64
 HEADER = struct.Struct("<8sIIQQI")   # magic, version, flags, dir offset, dir length, dir crc
 HEADER_SIZE = 64
 PAGE = mmap.PAGESIZE
-FAULT_AROUND = max(64 << 10, PAGE)   # Linux's default fault_around_bytes
+PAGE_ALIGN_FROM = 64 << 10   # regions this large start on a page: released exactly, alone
+FOLIO = 1 << 20              # and from a folio's size up, on a folio (see add_region)
 _ZEROS = bytes(ALIGN)
 _PAGEFILE_KEYS = itertools.count()   # ids can be reused once a PageFile is collected
 
@@ -82,8 +92,12 @@ def _as_bytes(data) -> memoryview:
     return memoryview(data).cast("B")
 
 
-def _align(n: int) -> int:
-    return (n + ALIGN - 1) & ~(ALIGN - 1)
+def _align(n: int, to: int = ALIGN) -> int:
+    return (n + to - 1) & ~(to - 1)
+
+
+def _page_span(offset: int, length: int) -> tuple[int, int]:
+    return offset // PAGE * PAGE, _align(offset + length, PAGE)
 
 
 class PageWriter:
@@ -99,6 +113,7 @@ class PageWriter:
         except OSError as e:
             raise self._spill_error(e, 0) from e
         self._pos = HEADER_SIZE
+        self._written = HEADER_SIZE   # what bytes_written reports: alignment gaps are holes
         self._done = False
 
     def _spill_error(self, e: OSError, size: int) -> SpillError:
@@ -122,15 +137,23 @@ class PageWriter:
             raise ValueError(f"region {name!r} written twice to {self.path!r}")
         view = _as_bytes(data)
         length = view.nbytes
+        if length >= PAGE_ALIGN_FROM:
+            # A large region owns whole pages: releasing it never drops a neighbour's page
+            # still being read. From FOLIO up it starts where the page cache's large
+            # folios (naturally aligned) start, so its faults map none of a neighbour's
+            # (~10% faster scans here). The skipped bytes are a hole: no disk, no cache.
+            self._pos = _align(self._pos, FOLIO if length >= FOLIO else PAGE)
         try:
             self._pwrite_all(view, self._pos)
         except OSError as e:
             self.abort()
             raise self._spill_error(e, length) from e
+        # summed after the write: the kernel's copy just brought the bytes into cache
         info = RegionInfo(name, self._pos, length, checksum64(view), codec, codec_version,
                           meta or {})
         self.regions[name] = info
         self._pos = _align(self._pos + length)
+        self._written += length
         return info
 
     def finish(self, budget=None) -> "PageFile":
@@ -149,9 +172,8 @@ class PageWriter:
             self.abort()
             raise self._spill_error(e, len(directory)) from e
         self._done = True
-        size = self._pos + len(directory)
         if self.spill is not None:
-            self.spill.bytes_written += size
+            self.spill.bytes_written += self._written + len(directory)
         return PageFile.open(self.path, budget=budget)
 
     def abort(self) -> None:
@@ -182,6 +204,7 @@ class ResidentSet:
     def __init__(self, budget):
         self.budget = budget
         self.regions: OrderedDict = OrderedDict()   # (pagefile key, name) -> (ref, length)
+        self.released: "weakref.WeakSet[PageFile]" = weakref.WeakSet()   # to sweep
         self.token = budget.add_spiller(self.spill, priority=0)
 
     @classmethod
@@ -202,6 +225,9 @@ class ResidentSet:
                 freed += length
                 continue
             freed += pf.release(name)
+        for pf in list(self.released):
+            pf.sweep()
+        self.released.clear()
         return freed
 
 
@@ -219,6 +245,16 @@ class PageFile:
         self._resident = ResidentSet.of(budget) if budget is not None else None
         self._lock = threading.Lock()
         self._key = next(_PAGEFILE_KEYS)
+        self._ref = weakref.ref(self)
+        self._sweep_due = False
+
+    @property
+    def data_bytes(self) -> int:
+        """Bytes written to make this file: header, regions, directory (not the holes)."""
+        directory_at = _align(max((r.offset + r.length for r in self.regions.values()),
+                                  default=HEADER_SIZE))
+        return HEADER_SIZE + sum(r.length for r in self.regions.values()) + \
+            self.size - directory_at
 
     @classmethod
     def open(cls, path, budget=None) -> "PageFile":
@@ -281,7 +317,7 @@ class PageFile:
         if name not in self._mapped and info.length:
             if self._resident is not None:
                 self._resident.budget.reserve(info.length, "mapped pages")
-                self._resident.regions[(self._key, name)] = (weakref.ref(self), info.length)
+                self._resident.regions[(self._key, name)] = (self._ref, info.length)
             with self._lock:
                 self._mapped[name] = info.length
         return view
@@ -298,23 +334,15 @@ class PageFile:
         for name, info in self.regions.items():
             view = self._view[info.offset: info.offset + info.length]
             out[name] = checksum64(view) == info.checksum
-            self._advise(info.offset, info.length)
+            self._advise(*_page_span(info.offset, info.length))
         return out
 
-    def _advise(self, offset: int, length: int) -> None:
-        """MADV_DONTNEED over a region, widened by the kernel's fault-around window.
-
-        A fault maps not only the page asked for but its aligned 64 KiB neighbourhood
-        (fault-around), so reading one region maps the edges of its neighbours too.
-        Widening the release by that window on both sides gives those pages back as
-        well; clean file pages cost nothing to drop and refault if read again.
-        """
-        if self._mm is None or self._mm.closed or length == 0:
+    def _advise(self, start: int, end: int) -> None:
+        """MADV_DONTNEED over [start, end), page-aligned by the caller."""
+        if self._mm is None or self._mm.closed or end <= start:
             return
-        start = max(0, (offset // FAULT_AROUND - 1) * FAULT_AROUND)
-        end = min(self.size, (-(-(offset + length) // FAULT_AROUND) + 1) * FAULT_AROUND)
         try:
-            self._mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+            self._mm.madvise(mmap.MADV_DONTNEED, start, min(end, self.size) - start)
         except (OSError, ValueError):
             pass   # advice only: a kernel refusing it leaves pages to the page cache
 
@@ -328,12 +356,26 @@ class PageFile:
             if not length:
                 continue
             info = self.regions[n]
-            self._advise(info.offset, info.length)
+            self._advise(*_page_span(info.offset, info.length))
             if self._resident is not None:
                 self._resident.regions.pop((self._key, n), None)
+                if not self._sweep_due:
+                    self._sweep_due = True
+                    self._resident.released.add(self)
                 self._resident.budget.release(length, "mapped pages")
                 freed += length
         return freed
+
+    def sweep(self) -> None:
+        """Drop every mapped page outside the regions in use (fault-around leftovers)."""
+        self._sweep_due = False
+        with self._lock:
+            in_use = sorted(_page_span(self.regions[n].offset, self.regions[n].length)
+                            for n in self._mapped)
+        pos = 0
+        for start, end in in_use + [(self.size, self.size)]:
+            self._advise(pos, start)
+            pos = max(pos, end)
 
     def close(self) -> None:
         self.release()

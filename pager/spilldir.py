@@ -106,7 +106,7 @@ class SpillDirectory:
         try:
             for entry in os.scandir(self.path):
                 if entry.name.endswith(".pg"):
-                    total += entry.stat().st_size
+                    total += entry.stat().st_blocks * 512   # allocated: holes are free
         except OSError:
             pass
         return total

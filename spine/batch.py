@@ -52,7 +52,7 @@ class Batch:
 
     @property
     def bytes_on_disk(self) -> int:
-        return self.pagefile.size if self.pagefile is not None else 0
+        return self.pagefile.data_bytes if self.pagefile is not None else 0
 
     @property
     def bytes_in_memory(self) -> int:
