@@ -19,7 +19,7 @@ import numpy as np
 import zstandard
 
 from arrangedb.codecs.base import (
-    Codec, Encoded, as_u8, check, clamp_range, expect_buffers, meta_dtype, meta_length, register,
+    Codec, CodecError, Encoded, as_u8, check, clamp_range, expect_buffers, meta_dtype, meta_length, register,
 )
 from arrangedb.codecs.plain import decode_parts, encode_parts
 
@@ -59,29 +59,60 @@ def compress_blocks(buf, block: int, level: int) -> tuple[bytes, list, list]:
     return b"".join(frames), raw_offsets, comp_offsets
 
 
-def decompress_blocks(buf, raw_offsets, comp_offsets, first: int = 0, last: int | None = None):
-    """Blocks [first, last) of one compressed buffer, decompressed into one uint8 array."""
-    comp = as_u8(buf)
+def decompress_block(comp: np.ndarray, i: int, raw_size: int, out: np.ndarray | None = None,
+                     dctx: zstandard.ZstdDecompressor | None = None) -> np.ndarray:
+    """Frame ``i`` (the compressed bytes ``comp``) decompressed into ``out`` (or a new array).
+
+    ``stream_reader(...).readinto`` writes straight into the caller's memory: no
+    intermediate ``bytes`` per block and no second copy. A frame must declare exactly
+    ``raw_size`` bytes (zstd then checks its output against the declaration) and yield
+    them all; anything else is a CodecError naming the block.
+    """
+    if out is None:
+        out = np.empty(raw_size, np.uint8)
+    try:
+        declared = zstandard.frame_content_size(comp)
+        check(declared == raw_size, f"zstd block {i} declares {declared} bytes, "
+                                    f"expected {raw_size}")
+        reader = (dctx or decompressor()).stream_reader(comp)
+        view, got = memoryview(out), 0
+        while got < raw_size:
+            n = reader.readinto(view[got:])
+            if not n:
+                break
+            got += n
+    except zstandard.ZstdError as exc:
+        raise CodecError(f"zstd block {i} is corrupt ({exc})") from exc
+    check(got == raw_size, f"zstd block {i} has {got} bytes, expected {raw_size}")
+    return out
+
+
+def check_blocks(comp: np.ndarray, raw_offsets, comp_offsets) -> int:
+    """The number of blocks of one compressed buffer, after checking its block lists."""
     nblocks = len(raw_offsets) - 1
     check(nblocks >= 0 and len(comp_offsets) == nblocks + 1, "zstd block lists differ in length")
     check(raw_offsets[0] == 0 and comp_offsets[0] == 0 and comp_offsets[-1] == comp.nbytes,
           f"zstd blocks do not span the buffer ({comp.nbytes} bytes)")
+    for bounds in (raw_offsets, comp_offsets):
+        check(not (np.diff(np.asarray(bounds, np.int64)) < 0).any(),
+              "zstd block offsets are not monotone")
+    return nblocks
+
+
+def decompress_blocks(buf, raw_offsets, comp_offsets, first: int = 0, last: int | None = None):
+    """Blocks [first, last) of one compressed buffer, decompressed into one uint8 array."""
+    comp = as_u8(buf)
+    nblocks = check_blocks(comp, raw_offsets, comp_offsets)
     last = nblocks if last is None else last
     base = raw_offsets[first] if nblocks else 0
     out = np.empty((raw_offsets[last] - base) if nblocks else 0, dtype=np.uint8)
-    for bounds in (raw_offsets, comp_offsets):
-        check(not (np.diff(np.asarray(bounds[first:last + 1], np.int64)) < 0).any(),
-              "zstd block offsets are not monotone")
 
     def run(lo: int, hi: int) -> None:
         dctx = decompressor()
         for i in range(lo, hi):
             r0, r1 = raw_offsets[i], raw_offsets[i + 1]
-            c0, c1 = comp_offsets[i], comp_offsets[i + 1]
-            block = dctx.decompress(comp[c0:c1], max_output_size=r1 - r0)
-            check(len(block) == r1 - r0,
-                  f"zstd block {i} has {len(block)} bytes, expected {r1 - r0}")
-            out[r0 - base:r1 - base] = np.frombuffer(block, np.uint8)
+            decompress_block(comp[comp_offsets[i]:comp_offsets[i + 1]], i, r1 - r0,
+                             out[r0 - base:r1 - base], dctx)
 
     if last - first >= PARALLEL_BLOCKS:  # zstd releases the GIL: two halves at once
         mid = (first + last) // 2

@@ -407,3 +407,17 @@ def test_choose_other_columns():
     assert choose_codec(noise) == "plain"
     dates = pa.array(rng.integers(8000, 8000 + 2555, 10_000).astype(np.int32), pa.date32())
     assert choose_codec(dates) in ("for", "dict")
+
+
+def test_corrupt_zstd_block_is_named():
+    enc = encode(np.arange(5000, dtype=np.int64), "zstd", block_bytes=1024)
+    comp = enc.meta["blocks"][0]["comp"]
+    for i in (0, 3, len(comp) - 2):
+        stored = as_stored(enc.buffers)
+        stored[0][comp[i] + 6:comp[i + 1] - 2] ^= 0x5A   # past the frame header
+        with pytest.raises(CodecError, match=rf"zstd block {i}\b"):
+            decode(enc.codec, enc.version, enc.meta, stored)
+        stored = as_stored(enc.buffers)
+        stored[0][comp[i] + 5] ^= 0xFF                   # the declared size
+        with pytest.raises(CodecError, match=rf"zstd block {i}\b"):
+            decode(enc.codec, enc.version, enc.meta, stored)
