@@ -114,6 +114,7 @@ class Builder:
         pagefile = self._writer.finish(budget=self.ctx.budget)
         for p in self.parts:
             p.pagefile = pagefile
+            p.cache = self.ctx.block_cache
         return Batch(self.parts, desc, self.key_schema, self.val_schema, pagefile=pagefile)
 
     def abort(self) -> None:

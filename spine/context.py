@@ -18,6 +18,7 @@ class StorageContext:
     part_bytes: int = 4 << 20     # target decoded size of a part
     window_rows: int = 1 << 16    # rows each source contributes to one merge step
     run_bytes: int | None = None  # input buffered per sorted run (None: an eighth of the budget)
+    block_cache: object | None = None  # arrangedb.spine.blockcache.BlockCache; None: no cache
 
     @classmethod
     def for_budget(cls, budget, spill, codec: str = "auto") -> "StorageContext":
@@ -26,7 +27,18 @@ class StorageContext:
         # twice the part's stored size each): 8 x 2 x limit/64 = a quarter of the budget
         part = min(max(limit // 64, 256 << 10), 16 << 20)
         window = min(max(limit // (64 * 32), 4096), 1 << 18)
-        return cls(budget=budget, spill=spill, codec=codec, part_bytes=part, window_rows=window)
+        cache = None
+        if budget is not None:
+            from arrangedb.spine.blockcache import BlockCache
+
+            cache = BlockCache(budget)
+        return cls(budget=budget, spill=spill, codec=codec, part_bytes=part, window_rows=window,
+                   block_cache=cache)
+
+    def close(self) -> None:
+        """Drop what the context holds on the budget's behalf (the block cache)."""
+        if self.block_cache is not None:
+            self.block_cache.close()
 
     def reserve(self, nbytes: int, what: str) -> None:
         if self.budget is not None and nbytes > 0:

@@ -73,6 +73,7 @@ class Engine:
             "bytes_on_disk": self.spill.bytes_on_disk,
             "spill_dir": str(self.spill.path),
             "budget": b,
+            **(self.ctx.block_cache.stats() if self.ctx.block_cache is not None else {}),
         }
 
     def close(self) -> None:
@@ -82,5 +83,6 @@ class Engine:
         for t in self._traces:
             t.close()
         self._traces.clear()
+        self.ctx.close()
         self.spill.close()
         self.budget.close()

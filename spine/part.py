@@ -10,7 +10,10 @@ held in memory (``MemoryPart``) or stored as regions of the batch's page file
 searches find the parts to touch without reading any.
 
 Reading a part decodes it into :class:`Updates` plus ``key_starts`` (where each key's
-rows begin), which readers use to cut windows at key boundaries.
+rows begin), which readers use to cut windows at key boundaries. A lookup reads a paged
+part through ``lookup_layout``: keys and bounds decoded, vals, times and diffs decoded
+only at the rows :func:`select_keys` takes (only the zstd blocks holding them, with the
+engine's block cache).
 """
 
 from __future__ import annotations
@@ -80,6 +83,10 @@ class Part:
     def layout(self) -> PartLayout:
         raise NotImplementedError
 
+    def lookup_layout(self) -> PartLayout:
+        """The layout for ``select_keys``; call ``release()`` once done with it."""
+        return self.layout()
+
     def read(self) -> tuple[Updates, np.ndarray]:
         layout = self.layout()
         return from_layout(layout), key_starts_of(layout)
@@ -103,22 +110,40 @@ class PagedPart(Part):
     pagefile: object = field(default=None, repr=False)
     columns: dict = field(default_factory=dict, repr=False)  # field -> list of region names
     schemas: tuple = field(default=(None, None), repr=False)
+    cache: object = field(default=None, repr=False)   # the engine's BlockCache, if any
 
     def layout(self) -> PartLayout:
+        cols = self._decode(_FIELDS)
+        self.release()  # the bytes were copied out: let the mapped pages go now
+        return self._assemble(cols)
+
+    def lookup_layout(self) -> PartLayout:
+        cols = self._decode(("keys", "key_bounds", "val_bounds"))
+        key_schema, val_schema = self.schemas
+        if self.columns.get("vals") is not None:
+            cols["vals"] = _RowsTable(self, self.columns["vals"], val_schema)
+        for name in ("times", "diffs"):
+            cols[name] = _Rows(self, self.columns[name][0])
+        return self._assemble(cols, tables=False)
+
+    def _decode(self, names) -> dict:
         from arrangedb.spine.storage import decode_column  # storage imports part
 
-        cols = {}
-        for name in _FIELDS:
+        cols = dict.fromkeys(_FIELDS)
+        for name in names:
             groups = self.columns.get(name)
             if groups is None:
-                cols[name] = None
                 continue
-            arrays = [decode_column(self.pagefile, g) for g in groups]
+            arrays = [decode_column(self.pagefile, g, self.cache) for g in groups]
             cols[name] = arrays if name in ("keys", "vals") else arrays[0]
-        self.release()  # the bytes were copied out: let the mapped pages go now
+        return cols
+
+    def _assemble(self, cols: dict, tables: bool = True) -> PartLayout:
         key_schema, val_schema = self.schemas
         keys = _table(cols["keys"], key_schema)
-        vals = _table(cols["vals"], val_schema) if val_schema is not None else None
+        vals = cols["vals"]
+        if tables:
+            vals = _table(vals, val_schema) if val_schema is not None else None
         return PartLayout(keys, cols["key_bounds"], vals, cols["val_bounds"],
                           cols["times"], cols["diffs"])
 
@@ -131,3 +156,30 @@ class PagedPart(Part):
 
 def _table(columns: list | None, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema)
+
+
+class _Rows:
+    """A numpy column of a paged part, decoded only at the rows indexed."""
+
+    def __init__(self, part: PagedPart, group: dict):
+        self.part, self.group = part, group
+
+    def __getitem__(self, rows) -> np.ndarray:
+        from arrangedb.spine.storage import take_column
+
+        return take_column(self.part.pagefile, self.group, np.asarray(rows, np.int64),
+                           self.part.cache)
+
+
+class _RowsTable:
+    """The vals of a paged part, decoded only at the rows taken."""
+
+    def __init__(self, part: PagedPart, groups: list, schema: pa.Schema):
+        self.part, self.groups, self.schema = part, groups, schema
+
+    def take(self, rows) -> pa.Table:
+        from arrangedb.spine.storage import take_column
+
+        rows = np.asarray(rows, np.int64)
+        return _table([take_column(self.part.pagefile, g, rows, self.part.cache)
+                       for g in self.groups], self.schema)

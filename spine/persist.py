@@ -112,7 +112,8 @@ def load_trace(path, ctx):
                            first_key=_table_from(p["first_key"]),
                            last_key=_table_from(p["last_key"]), payload=p["payload"],
                            stored=p["stored"], pagefile=pf, columns=p["columns"],
-                           schemas=(key_schema, val_schema)) for p in b["parts"]]
+                           schemas=(key_schema, val_schema), cache=ctx.block_cache)
+                 for p in b["parts"]]
         lower, upper, since = b["description"]
         batches.append(Batch(parts, Description(lower, upper, since), key_schema, val_schema,
                              pagefile=pf, owned=False))

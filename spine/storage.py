@@ -21,7 +21,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.codecs import choose_codec, decode, encode
+from arrangedb.codecs import CodecError, choose_codec, decode, encode, zstd_blocks
+from arrangedb.codecs.base import lookup
 from arrangedb.spine.layout import PartLayout
 from arrangedb.spine.part import PagedPart, boundary_key, payload_bytes
 
@@ -86,7 +87,7 @@ def write_part(writer, index: int, layout: PartLayout, codec: str, schemas,
     )
 
 
-def decode_column(pagefile, group: dict):
+def decode_column(pagefile, group: dict, cache=None):
     """Decode one column of a part, copying its bytes out of the mapping first.
 
     Decoded arrays may be views of the bytes they were decoded from. Were those the
@@ -94,7 +95,59 @@ def decode_column(pagefile, group: dict):
     snapshot batch) would fault mapped pages back in after the reader released them,
     out of the budget's sight. One copy per read keeps the mapped pages' lifetime to
     the read itself: the reader releases them right after decoding.
+
+    zstd columns with a ``cache`` (:class:`BlockCache`) decode from cached blocks,
+    decompressing (straight out of the mapping: that is the copy) only the missing ones.
     """
+    if cache is not None and group["codec"] == "zstd":
+        return _through_cache(pagefile, group, cache, zstd_blocks.decode_from_blocks)
     buffers = [np.frombuffer(pagefile.buffer(r), dtype=np.uint8).copy()
                for r in group["regions"][: group["nbuffers"]]]
     return decode(group["codec"], group["version"], group["meta"], buffers)
+
+
+def take_column(pagefile, group: dict, rows: np.ndarray, cache=None):
+    """Elements ``rows`` of one column of a part (a numpy array or an Arrow array).
+
+    zstd columns of items (numpy, Arrow fixed-width without nulls) with a ``cache``
+    decompress only the blocks holding ``rows``; other columns decode whole and take.
+    """
+    if cache is not None and group["codec"] == "zstd":
+        out = _through_cache(pagefile, group, cache,
+                             lambda meta, fetch: zstd_blocks.take_from_blocks(meta, fetch, rows))
+        if out is not None:
+            return out
+    column = decode_column(pagefile, group, cache)
+    return column.take(pa.array(rows)) if isinstance(column, pa.Array) else column[rows]
+
+
+def _through_cache(pagefile, group: dict, cache, read):
+    """``read(meta, fetch)`` with ``fetch(buffer, block)`` served by the block cache."""
+    version = group["version"]
+    lookup("zstd", version)
+    meta = group["meta"]
+    regions = group["regions"][: group["nbuffers"]]
+
+    def fetch(b: int, i: int) -> np.ndarray:
+        region = regions[b]
+        key = (pagefile.path, region, pagefile.regions[region].checksum, i)
+        return cache.get(key, lambda: _decompress(pagefile, region, meta["blocks"][b], i))
+
+    try:
+        return read(meta, fetch)
+    except CodecError as exc:
+        raise CodecError(f"codec 'zstd' version {version}, {pagefile.path}: {exc}") from exc
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise CodecError(f"codec 'zstd' version {version}, {pagefile.path}: corrupt "
+                         f"encoding ({type(exc).__name__}: {exc})") from exc
+
+
+def _decompress(pagefile, region: str, blocks: dict, i: int) -> np.ndarray:
+    comp = np.frombuffer(pagefile.buffer(region), np.uint8)
+    raw, offs = blocks["raw"], blocks["comp"]
+    if offs[-1] != comp.nbytes:
+        raise CodecError(f"region {region!r}: zstd blocks do not span its {comp.nbytes} bytes")
+    try:
+        return zstd_blocks.decompress_block(comp[offs[i]:offs[i + 1]], i, raw[i + 1] - raw[i])
+    except CodecError as exc:
+        raise CodecError(f"region {region!r}: {exc}") from exc

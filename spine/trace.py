@@ -293,7 +293,7 @@ class Trace:
         for p in touched:
             qsel = np.flatnonzero(part_of == p)
             part = batch.parts[p]
-            layout = part.layout()
+            layout = part.lookup_layout()
             try:
                 pkeys = layout.keys
                 qk = uq.take(qsel).rename_columns(pkeys.column_names)

@@ -1,0 +1,107 @@
+"""BlockCache: decompressed zstd blocks kept between reads, charged to the memory budget.
+
+Design
+------
+A least-recently-used map from a block's identity -- (page file path, region, region
+checksum, block index) -- to its decompressed bytes. The checksum makes the key name the
+content: a path reused by a later page file cannot serve stale bytes. Each cached block
+reserves its bytes from the engine's :class:`arrangedb.pager.MemoryBudget`; a spiller that
+runs before any other (priority -1: a cache is the cheapest thing to give up) drops
+blocks least recently used first, so the budget can always take the memory back.
+
+Invariants
+----------
+- ``bytes`` (the sum of the cached blocks' sizes) is what the cache holds reserved, and
+  never exceeds ``capacity`` (a share of the budget, limit/16 by default).
+- Cached blocks are read-only and handed out as they are: callers copy what they keep
+  (``codecs.zstd_blocks.decode_from_blocks``/``take_from_blocks`` do), so dropping a block
+  frees its memory.
+- A block that does not fit (larger than the capacity, or refused by the budget) is
+  returned uncached: the cache never makes a read fail.
+- ``close()`` drops every block, gives its reservation back and unregisters the spiller.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from arrangedb.pager import BudgetExceeded
+
+WHAT = "block cache"
+CAPACITY_SHARE = 16   # the cache holds at most limit / 16 of the budget
+
+
+class BlockCache:
+    def __init__(self, budget, capacity: int | None = None):
+        self.budget = budget
+        self.capacity = int(capacity if capacity is not None
+                            else budget.limit // CAPACITY_SHARE)
+        self._blocks: OrderedDict = OrderedDict()   # key -> read-only uint8 array
+        self.bytes = 0
+        self.hits = self.misses = self.evictions = 0
+        self._lock = threading.RLock()
+        self._closed = False
+        self._token = budget.add_spiller(self.spill, priority=-1)
+
+    def get(self, key, load):
+        """The block under ``key``; on a miss ``load()`` makes it and it is kept if it fits."""
+        with self._lock:
+            block = self._blocks.get(key)
+            if block is not None:
+                self._blocks.move_to_end(key)
+                self.hits += 1
+                return block
+            self.misses += 1
+        block = load()
+        block.flags.writeable = False
+        self._put(key, block)
+        return block
+
+    def _put(self, key, block: np.ndarray) -> None:
+        size = block.nbytes
+        with self._lock:
+            if self._closed or size > self.capacity or key in self._blocks:
+                return
+            self._evict(self.bytes + size - self.capacity)
+            try:
+                # may run the spillers, this cache's own among them (the lock is reentrant)
+                self.budget.reserve(size, WHAT)
+            except BudgetExceeded:
+                return
+            self._blocks[key] = block
+            self.bytes += size
+
+    def _evict(self, wanted: int) -> int:
+        freed = 0
+        while self._blocks and freed < wanted:
+            _, block = self._blocks.popitem(last=False)
+            freed += block.nbytes
+            self.evictions += 1
+        if freed:
+            self.bytes -= freed
+            self.budget.release(freed, WHAT)
+        return freed
+
+    def spill(self, wanted: int) -> int:
+        """The budget's spiller: drop least recently used blocks until ``wanted`` is freed."""
+        with self._lock:
+            return self._evict(wanted)
+
+    def stats(self) -> dict:
+        return {"block_cache_hits": self.hits, "block_cache_misses": self.misses,
+                "block_cache_bytes": self.bytes, "block_cache_evictions": self.evictions,
+                "block_cache_capacity": self.capacity}
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._evict(self.bytes + 1)
+            self.budget.remove_spiller(self._token)
+
+    def __len__(self) -> int:
+        return len(self._blocks)

@@ -1,0 +1,168 @@
+"""The block cache: hits skip decompression, budget accounting and eviction, lookups."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from arrangedb import Engine
+from arrangedb.codecs import CodecError, encode
+from arrangedb.pager import MemoryBudget
+from arrangedb.spine import storage
+from arrangedb.spine.blockcache import BlockCache
+
+
+def _block(n: int, fill: int = 1) -> np.ndarray:
+    return np.full(n, fill, np.uint8)
+
+
+def test_hits_skip_the_load_and_bytes_are_reserved():
+    with MemoryBudget("1MiB", sample_interval=0) as budget:
+        cache = BlockCache(budget, capacity=10_000)
+        loads = []
+        get = lambda key: cache.get(key, lambda: loads.append(key) or _block(1000, key))  # noqa: E731
+        assert get(1)[0] == 1 and get(2)[0] == 2 and get(1)[0] == 1
+        assert loads == [1, 2]
+        assert (cache.hits, cache.misses, cache.bytes) == (1, 2, 2000)
+        assert budget.held == 2000
+        assert not get(1).flags.writeable      # cached bytes cannot be changed under a reader
+        cache.close()
+        assert budget.held == 0 and len(cache) == 0
+
+
+def test_capacity_is_never_exceeded_and_lru_goes_first():
+    with MemoryBudget("1MiB", sample_interval=0) as budget:
+        cache = BlockCache(budget, capacity=3000)
+        for key in (1, 2, 3):
+            cache.get(key, lambda: _block(1000))
+        cache.get(1, lambda: pytest.fail("1 is cached"))  # 1 is now the most recent
+        cache.get(4, lambda: _block(1000))               # evicts 2, the least recent
+        assert cache.bytes == 3000 == budget.held
+        assert set(k for k in (1, 2, 3, 4) if k in cache._blocks) == {1, 3, 4}
+        big = cache.get(5, lambda: _block(5000))          # over capacity: served, not kept
+        assert len(big) == 5000 and 5 not in cache._blocks and cache.bytes == 3000
+        cache.close()
+
+
+def test_budget_pressure_evicts_and_releases():
+    with MemoryBudget(100_000, sample_interval=0) as budget:
+        cache = BlockCache(budget)                        # limit / 16 = 6250 bytes
+        assert cache.capacity == 100_000 // 16
+        for key in range(6):
+            cache.get(key, lambda: _block(1000))
+        assert budget.held == 6000
+        budget.reserve(96_000, "work")                    # needs 2000 bytes of the cache back
+        assert cache.bytes <= 4000 and budget.held == 96_000 + cache.bytes
+        assert cache.evictions >= 2 and 0 not in cache._blocks and 5 in cache._blocks
+        budget.release(96_000, "work")
+        cache.close()
+        assert budget.held == 0
+        assert budget.spill(1000) == 0                     # the spiller is gone with the cache
+
+
+class _FakePageFile:
+    """Regions as page files hand them over, without checksums: a corrupt frame reaches
+    the decoder."""
+
+    class _Info:
+        def __init__(self, checksum):
+            self.checksum = checksum
+
+    def __init__(self, enc, prefix="p0/times"):
+        self.path = "/fake/batch.pg"
+        self.data = {f"{prefix}.{i}": np.frombuffer(bytes(memoryview(b).cast("B")) if not
+                                                    isinstance(b, np.ndarray) else b.tobytes(),
+                                                    np.uint8).copy()
+                     for i, b in enumerate(enc.buffers)}
+        self.regions = {name: self._Info(i) for i, name in enumerate(self.data)}
+        self.group = {"regions": list(self.data), "codec": enc.codec, "version": enc.version,
+                      "meta": enc.meta, "nbuffers": len(enc.buffers)}
+
+    def buffer(self, name):
+        return memoryview(self.data[name])
+
+
+def test_corrupt_block_is_a_clear_error():
+    enc = encode(np.arange(20_000, dtype=np.int64), "zstd", block_bytes=8192)
+    pf = _FakePageFile(enc)
+    comp = enc.meta["blocks"][0]["comp"]
+    pf.data["p0/times.0"][comp[2] + 8:comp[3] - 4] ^= 0x5A
+    with MemoryBudget("64MiB", sample_interval=0) as budget:
+        cache = BlockCache(budget)
+        with pytest.raises(CodecError, match=r"p0/times\.0.*zstd block 2\b"):
+            storage.decode_column(pf, pf.group, cache)
+        with pytest.raises(CodecError, match=r"zstd block 2\b"):
+            storage.take_column(pf, pf.group, np.array([3000]), cache)
+        # rows away from the bad block still read, through the blocks that hold them
+        assert storage.take_column(pf, pf.group, np.array([5, 19_999]), cache).tolist() == \
+            [5, 19_999]
+        cache.close()
+
+
+def _orders(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return pa.table({
+        "customer_id": rng.integers(0, n // 4, n),
+        "amount": rng.integers(1, 1000, n),
+        "price": np.round(rng.uniform(1, 1000, n), 2),
+        "note": pa.array(rng.choice(np.array(["a", "bb", "ccc", "dddd"]), n)),
+        "t": rng.integers(0, 1_000_000, n).astype(np.uint64),   # many stored times
+    })
+
+
+def _count_decompressions(monkeypatch):
+    calls = []
+    real = storage._decompress
+
+    def spy(pagefile, region, blocks, i):
+        calls.append((region, i))
+        return real(pagefile, region, blocks, i)
+    monkeypatch.setattr(storage, "_decompress", spy)
+    return calls
+
+
+def _sorted_rows(t: pa.Table):
+    return sorted(map(tuple, (r.values() for r in t.to_pylist())))
+
+
+def test_lookups_hit_the_cache_and_read_only_touched_blocks(tmp_path, monkeypatch):
+    data = _orders(200_000)
+    with Engine(spill_dir=tmp_path, memory_budget="1GiB", codec="zstd") as engine:
+        trace = engine.arrange(data, key=["customer_id"], vals=["amount", "price", "note"],
+                               time="t")
+        trace.merge_all()
+        calls = _count_decompressions(monkeypatch)
+        keys = pa.table({"customer_id": np.array([7, 12_345, 49_000])})
+        first = trace.lookup(keys)
+        touched = {r for r, _ in calls}
+        per_region = {r: sum(1 for x, _ in calls if x == r) for r in touched}
+        times = [r for r in per_region if "/times." in r]
+        assert times and all(per_region[r] <= 3 * len(keys) for r in times)
+        batch = trace.spine.batches()[0]
+        blocks_of = {g["regions"][0]: len(g["meta"]["blocks"][0]["raw"]) - 1
+                     for p in batch.parts for g in p.columns["times"]}
+        assert sum(per_region[r] for r in times) < sum(blocks_of[r] for r in times)
+        calls.clear()
+        hits = engine.stats()["block_cache_hits"]
+        again = trace.lookup(keys)
+        assert calls == []                                 # every block came from the cache
+        assert engine.stats()["block_cache_hits"] > hits
+        assert engine.stats()["block_cache_bytes"] > 0
+        assert again.equals(first)
+        # without the cache (and without zstd), the same answers
+        for b in trace.spine.batches():
+            for p in b.parts:
+                p.cache = None
+        uncached = trace.lookup(keys)
+        assert uncached.equals(first)
+        many = pa.table({"customer_id": np.arange(0, 50_000, 7)})
+        cached_many = trace.lookup(many)
+        cache = engine.ctx.block_cache
+    assert cache.bytes == 0 and len(cache) == 0            # dropped when the engine closed
+    with Engine(spill_dir=tmp_path, memory_budget="1GiB", codec="plain") as engine:
+        plain = engine.arrange(data, key=["customer_id"], vals=["amount", "price", "note"],
+                               time="t")
+        assert _sorted_rows(plain.lookup(keys)) == _sorted_rows(first)
+        assert _sorted_rows(plain.lookup(many)) == _sorted_rows(cached_many)
+        assert len(first) > 0
