@@ -102,13 +102,17 @@ def _union_starts(a: np.ndarray, b: np.ndarray, n: int) -> np.ndarray:
     return np.flatnonzero(mark)
 
 
-def _leaf_update_index(bounds: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
-    """For each logical update, the index of its stored (time, diff); and per-leaf counts."""
+def _leaf_update_index(bounds: np.ndarray, singleton: bool = False
+                       ) -> tuple[np.ndarray | None, np.ndarray]:
+    """For each logical update, the index of its stored (time, diff); and per-leaf counts.
+
+    ``singleton``: the part stores one (time, diff) for all; no index is needed then.
+    """
     b = bounds.astype(np.int64)
     stored = np.diff(b)
-    counts = np.where(stored == 0, 1, stored)
-    if np.all(stored == 1):
-        return None, counts  # identity
+    counts = np.maximum(stored, 1)
+    if singleton or np.all(stored == 1):
+        return None, counts  # identity, or every update is the one stored pair
     starts = np.where(stored == 0, b[:-1] - 1, b[:-1])
     total = int(counts.sum())
     run_start = np.zeros(len(counts), dtype=np.int64)
@@ -126,12 +130,14 @@ def _repeat_rows(table: pa.Table, counts: np.ndarray) -> pa.Table:
 def from_layout(part: PartLayout) -> Updates:
     """Expand the layout back into one row per update (the inverse of ``to_layout``)."""
     leaves = part.val_bounds if part.vals is not None else part.key_bounds
-    idx, leaf_counts = _leaf_update_index(leaves)
-    if idx is None:
+    singleton = len(part.times) == 1
+    idx, leaf_counts = _leaf_update_index(leaves, singleton)
+    if singleton:
+        n = int(leaf_counts.sum())
+        times = np.full(n, part.times[0], dtype=np.uint64)
+        diffs = np.full(n, part.diffs[0], dtype=np.int64)
+    elif idx is None:
         times, diffs = part.times, part.diffs
-    elif len(part.times) == 1:
-        times = np.full(len(idx), part.times[0], dtype=np.uint64)
-        diffs = np.full(len(idx), part.diffs[0], dtype=np.int64)
     else:
         times, diffs = part.times[idx], part.diffs[idx]
     if part.vals is None:
@@ -139,6 +145,8 @@ def from_layout(part: PartLayout) -> Updates:
     vals = _repeat_rows(part.vals, leaf_counts)
     # updates per key = sum of its vals' update counts
     kb = part.key_bounds.astype(np.int64)
+    if len(kb) == len(leaf_counts) + 1 and vals is part.vals:
+        return Updates(part.keys, vals, times, diffs)   # one val and one update per key
     leaf_end = np.zeros(len(leaf_counts) + 1, dtype=np.int64)
     np.cumsum(leaf_counts, out=leaf_end[1:])
     per_key = np.diff(leaf_end[kb])
