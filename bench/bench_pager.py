@@ -9,10 +9,13 @@ Both sides move the same bytes in the same run (1 MiB int64 regions from one poo
   ``readinto`` a reused buffer + the same reduction.
 
 Each round times both, alternating which goes first (the page cache and writeback favour
-neither); the best of the rounds is reported as MB/s (10^6 bytes/s) and as the ratio
-pager/raw (1.0 means the pager is as fast as raw I/O). Both sides read data that was
-just written, i.e. from the page cache: the figures are the pager's CPU overhead, not
-the disk's speed.
+neither). Reported as MB/s (10^6 bytes/s) and as the ratio pager/raw (1.0 means the pager
+is as fast as raw I/O), for the median round and for the best round of each side. The
+target is asserted on the medians: on this VM the host backs guest pages lazily, so a
+round's kernel copies run 1x-4x slower at random, and the best of a few rounds is a
+lottery that favours the noisier side (raw I/O, whose copies are all kernel time). Both
+sides read data that was just written, i.e. from the page cache: the figures are the
+pager's CPU overhead, not the disk's speed.
 
 Scale: ``ARRANGEDB_BENCH_SCALE=full`` moves 1 GiB per round and asserts ratio >= 0.8;
 anything else moves 32 MiB once (a smoke run).
@@ -32,7 +35,7 @@ FULL = os.environ.get("ARRANGEDB_BENCH_SCALE", "smoke") == "full"
 TOTAL = (1 << 30) if FULL else (32 << 20)
 REGION = 1 << 20
 REGIONS_PER_FILE = 64                      # 64 MiB page files
-ROUNDS = 7 if FULL else 1   # this VM's timings wander by +-20%: the best of many
+ROUNDS = 11 if FULL else 1   # this VM's timings wander by +-30%: the best of many
 MIN_RATIO = 0.8
 N_REGIONS = TOTAL // REGION
 N_FILES = -(-N_REGIONS // REGIONS_PER_FILE)
@@ -100,13 +103,17 @@ def _remove(paths) -> None:
         os.unlink(p)
 
 
-def _race(benchmark, pager, raw, after=lambda out: None) -> tuple[float, float]:
-    """Best-of-ROUNDS seconds of ``pager()`` and ``raw()``, alternating which goes first.
+def _race(benchmark, pager, raw, after=lambda out: None) -> tuple[list, list]:
+    """Seconds of each round of ``pager()`` and ``raw()``, alternating which goes first.
 
     Both run inside the benchmark's clock (its figures are one round of both); each is
     timed on its own, and ``after(result)`` (cleanup, checks) runs outside the timings.
+    One untimed round of each comes first: whichever side ran first would otherwise be
+    the one to fault in the memory the page cache grows into.
     """
     times = {pager: [], raw: []}
+    for fn in (pager, raw):
+        after(fn())
 
     def one_round():
         order = [pager, raw] if len(times[pager]) % 2 == 0 else [raw, pager]
@@ -117,18 +124,24 @@ def _race(benchmark, pager, raw, after=lambda out: None) -> tuple[float, float]:
             after(out)
 
     benchmark.pedantic(one_round, rounds=ROUNDS, iterations=1)
-    return min(times[pager]), min(times[raw])
+    return times[pager], times[raw]
 
 
-def _report(benchmark, what: str, pager_s: float, raw_s: float) -> float:
-    pager_mbs, raw_mbs = TOTAL / pager_s / 1e6, TOTAL / raw_s / 1e6
-    ratio = pager_mbs / raw_mbs
-    benchmark.extra_info.update({
-        "bytes": TOTAL, f"{what}_pager_MBps": round(pager_mbs, 1),
-        f"{what}_raw_MBps": round(raw_mbs, 1), f"{what}_ratio_pager_over_raw": round(ratio, 3)})
-    print(f"\n{what} {TOTAL >> 20} MiB: pager {pager_mbs:,.0f} MB/s, raw file I/O "
-          f"{raw_mbs:,.0f} MB/s, ratio pager/raw {ratio:.2f} (best of {ROUNDS})")
-    return ratio
+def _report(benchmark, what: str, pager_s: list, raw_s: list) -> float:
+    """Print and record both figures; return the median ratio (the asserted one)."""
+    figures = {}
+    for stat, fn in (("median", np.median), ("best", np.min)):
+        pager_mbs, raw_mbs = TOTAL / fn(pager_s) / 1e6, TOTAL / fn(raw_s) / 1e6
+        figures[stat] = (pager_mbs, raw_mbs, pager_mbs / raw_mbs)
+        benchmark.extra_info.update({
+            f"{what}_{stat}_pager_MBps": round(pager_mbs, 1),
+            f"{what}_{stat}_raw_MBps": round(raw_mbs, 1),
+            f"{what}_{stat}_ratio_pager_over_raw": round(pager_mbs / raw_mbs, 3)})
+    benchmark.extra_info["bytes"] = TOTAL
+    print(f"\n{what} {TOTAL >> 20} MiB over {ROUNDS} rounds: " + "; ".join(
+        f"{stat} pager {p:,.0f} MB/s, raw file I/O {r:,.0f} MB/s, ratio {q:.2f}"
+        for stat, (p, r, q) in figures.items()))
+    return figures["median"][2]
 
 
 def test_write_throughput(benchmark, tmp_path, pool):
