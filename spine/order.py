@@ -236,45 +236,77 @@ def sort_rows(kc: np.ndarray, vc: np.ndarray | None, times: np.ndarray | None,
               presorted_runs: bool = False) -> tuple[np.ndarray, bool]:
     """An order sorting rows by (key code, val code, time); ties in all three in any order.
 
-    The key is sorted first (numpy's quicksort on random input; the stable timsort on
-    concatenated sorted runs, where it merges in linear time). Only rows whose key is
-    shared with a neighbour are then sorted by (key group, val, time) -- packed into one
-    uint64 when they fit -- so unique keys cost a single sort. Returns the order and
-    whether any key repeats.
+    One packed value sort of the key and the leading bits of val and time orders almost
+    every row (see :func:`_prefix_order`); concatenated sorted runs go through the stable
+    timsort, which merges them in linear time. Returns the order and whether any key
+    repeats.
     """
-    order = np.argsort(kc, kind="stable") if presorted_runs else fast_argsort(kc)
+    columns = [c for c in (kc, vc, times) if c is not None]
+    if len(columns) == 1:
+        order = np.argsort(kc, kind="stable") if presorted_runs else fast_argsort(kc)
+    else:
+        order = _prefix_order(columns, presorted_runs)
     kc_s = kc[order]
-    ties = kc_s[1:] == kc_s[:-1]
+    return order, bool((kc_s[1:] == kc_s[:-1]).any())
+
+
+def _tie_groups(sorted_values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Positions of rows equal to a neighbour in a sorted array, and their group ids."""
+    ties = sorted_values[1:] == sorted_values[:-1]
     if not ties.any():
-        return order, False
-    if vc is None and times is None:
-        return order, True
-    in_dup = np.zeros(len(kc), dtype=bool)
+        return None
+    in_dup = np.zeros(len(sorted_values), dtype=bool)
     in_dup[1:] = ties
     in_dup[:-1] |= ties
-    sub = np.flatnonzero(in_dup)
-    group = np.empty(len(kc), dtype=np.int64)
+    group = np.empty(len(sorted_values), dtype=np.int64)
     group[0] = 0
     np.cumsum(~ties, out=group[1:])
+    sub = np.flatnonzero(in_dup)
+    return sub, group[sub]
+
+
+def _prefix_order(columns: list[np.ndarray], presorted_runs: bool = False) -> np.ndarray:
+    """Order by integer code columns too wide to pack together (most significant first).
+
+    One packed value sort of the columns' leading bits -- as many as fit beside the row
+    index -- orders almost everything; only rows whose prefixes tie are then sorted by
+    the full columns. A key (~22 bits) beside the row index (~22 bits) leaves a float's
+    64-bit code its ~20 leading bits: ties are the rare rows whose values share a key and
+    agree to a part in a million, where an LSD sort makes two full passes over every row.
+    """
+    n = len(columns[0])
+    if n < 2 or any(c.dtype.kind not in "iub" for c in columns):
+        return _lsd_order(columns)
+    room = 64 - max(int(n - 1).bit_length(), 1)
+    prefix = np.zeros(n, dtype=np.uint64)
+    used = 0
+    for c in columns:
+        bits, off = _bits(c)
+        take = min(bits, room - used)
+        if take <= 0:
+            break
+        prefix <<= np.uint64(take)
+        prefix |= off >> np.uint64(bits - take)
+        used += take
+    order = _packed_argsort(prefix, stable_merge=presorted_runs)
+    if order is None:           # cannot happen (the prefix leaves the index its bits)
+        return _lsd_order(columns)
+    tied = _tie_groups(prefix[order])
+    if tied is None:
+        return order
+    sub, group = tied
     rows = order[sub]
-    g = group[sub]
-    secondary = [c[rows] for c in (vc, times) if c is not None]
-    packed = _pack([g] + secondary)
-    if packed is not None:
-        sub_order = (np.argsort(packed, kind="stable") if presorted_runs
-                     else fast_argsort(packed))
-    else:
-        sub_order = _lsd_order([g] + secondary)
-    order[sub] = rows[sub_order]
-    return order, True
+    order[sub] = rows[_lsd_order([group] + [c[rows] for c in columns])]
+    return order
 
 
-def _packed_argsort(x: np.ndarray) -> np.ndarray | None:
+def _packed_argsort(x: np.ndarray, stable_merge: bool = False) -> np.ndarray | None:
     """argsort by sorting values: (x - min) with the row index in the low bits.
 
     numpy sorts plain integers several times faster than it argsorts them (vectorized
     sorting networks), and the index in the low bits makes the result stable. None when
-    the span and the index do not fit in 64 bits together.
+    the span and the index do not fit in 64 bits together. ``stable_merge``: ``x`` is
+    concatenated sorted runs, which timsort merges in linear time.
     """
     n = len(x)
     if x.dtype.kind not in "iub":
@@ -285,7 +317,7 @@ def _packed_argsort(x: np.ndarray) -> np.ndarray | None:
         return None
     p = off << np.uint64(index_bits)
     p |= np.arange(n, dtype=np.uint64)
-    p.sort()
+    p.sort(kind="stable" if stable_merge else None)
     p &= np.uint64((1 << index_bits) - 1)
     return p.view(np.int64)
 
