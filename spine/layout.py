@@ -86,20 +86,23 @@ def to_layout(upd: Updates) -> PartLayout:
         bounds, keep = _compress_singletons(kstarts, n, upd.times, upd.diffs)
         keys = upd.keys.take(kstarts) if len(kstarts) != n else upd.keys
         return PartLayout(keys, bounds, None, None, upd.times[keep], upd.diffs[keep])
-    vstarts = _union_starts(kstarts, sorted_row_starts(upd.vals), n)
+    vstarts, leaf_of = _union_starts(kstarts, sorted_row_starts(upd.vals), n)
     bounds, keep = _compress_singletons(vstarts, n, upd.times, upd.diffs)
-    key_bounds = np.searchsorted(vstarts, np.append(kstarts, n)).astype(np.uint64)
+    key_bounds = np.append(leaf_of[kstarts], len(vstarts)).astype(np.uint64)
     keys = upd.keys.take(kstarts) if len(kstarts) != n else upd.keys
     vals = upd.vals.take(vstarts) if len(vstarts) != n else upd.vals
     return PartLayout(keys, key_bounds, vals, bounds, upd.times[keep], upd.diffs[keep])
 
 
-def _union_starts(a: np.ndarray, b: np.ndarray, n: int) -> np.ndarray:
-    """Row starts of (key, val): a new row begins wherever the key or the val changes."""
+def _union_starts(a: np.ndarray, b: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row starts of (key, val) -- a new row begins wherever the key or the val changes --
+    and, for every row, the index of the (key, val) row it belongs to."""
     mark = np.zeros(n, dtype=bool)
     mark[a] = True
     mark[b] = True
-    return np.flatnonzero(mark)
+    leaf_of = np.cumsum(mark, dtype=np.int64)
+    leaf_of -= 1
+    return np.flatnonzero(mark), leaf_of
 
 
 def _leaf_update_index(bounds: np.ndarray, singleton: bool = False

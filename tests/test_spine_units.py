@@ -14,7 +14,7 @@ from arrangedb.spine.context import StorageContext
 from arrangedb.spine.ingest import Columns, SchemaError, open_batches, target_schemas
 from arrangedb.spine.kernels import consolidate
 from arrangedb.spine.layout import from_layout, to_layout
-from arrangedb.spine.order import codes, sort_rows
+from arrangedb.spine.order import PARALLEL_SORT_FROM, codes, fast_argsort, sort_rows
 from arrangedb.spine.spine import level_of
 from arrangedb.spine.trace import Trace
 from arrangedb.spine.updates import Updates
@@ -90,6 +90,17 @@ def _as_dict(upd, key_only=False):
         assert (k, v, t) not in out
         out[(k, v, t)] = d
     return out
+
+
+def test_large_sorts_split_across_threads_stay_exact_and_stable():
+    rng = np.random.default_rng(5)
+    n = PARALLEL_SORT_FROM + 12_345
+    x = rng.integers(-1000, 1000, n)         # many ties: stability is visible
+    assert np.array_equal(fast_argsort(x), np.argsort(x, kind="stable"))
+    k = rng.integers(0, n // 4, n)
+    v = rng.integers(0, 1 << 62, n).astype(np.uint64)
+    order, repeats = sort_rows(k, v, None)
+    assert repeats and np.array_equal(order, np.lexsort((v, k)))
 
 
 @settings(max_examples=300)
