@@ -27,7 +27,7 @@ from arrangedb.codecs.choose import choose_codec
 
 CODECS = REGISTRY
 
-__all__ = ["CODECS", "CodecError", "Encoded", "choose_codec", "decode", "decode_range",
+__all__ = ["CODECS", "CodecError", "Encoded", "choose_codec", "decode", "decode_range", "take",
            "encode"]
 
 _DECODE_ERRORS = (ValueError, TypeError, KeyError, IndexError, OverflowError, AttributeError,
@@ -57,6 +57,24 @@ def encode(values, codec: str = "auto", **options) -> Encoded:
 def decode(codec: str, version: int, meta: dict, buffers):
     """The array of an encoding; CodecError when it cannot be decoded."""
     return decode_range(codec, version, meta, buffers, 0, None)
+
+
+def take(codec: str, version: int, meta: dict, buffers, rows):
+    """Elements at ``rows`` of an encoding, decoding no more than the codec must."""
+    chosen = lookup(codec, version)
+    try:
+        if not isinstance(meta, dict):
+            raise CodecError(f"metadata must be a dict, got {type(meta).__name__}")
+        rows = np.asarray(rows, np.int64)
+        n = meta.get("length", (meta.get("plain") or {}).get("length"))   # zstd wraps plain
+        if len(rows) and (rows.min() < 0 or (n is not None and rows.max() >= n)):
+            raise CodecError(f"rows out of range for {n} elements")
+        return chosen.take(version, meta, list(buffers), rows)
+    except CodecError as exc:
+        raise CodecError(f"codec {codec!r} version {version}: {exc}") from exc
+    except _DECODE_ERRORS as exc:
+        raise CodecError(f"codec {codec!r} version {version}: corrupt encoding "
+                         f"({type(exc).__name__}: {exc})") from exc
 
 
 def decode_range(codec: str, version: int, meta: dict, buffers, start: int = 0,

@@ -56,6 +56,11 @@ class Codec:
         """Elements [start, stop): by default a full decode and a slice."""
         return slice_values(self.decode(version, meta, buffers), start, stop)
 
+    def take(self, version, meta, buffers, rows: np.ndarray):
+        """Elements at ``rows`` (int64, in range): by default a full decode and a take."""
+        values = self.decode(version, meta, buffers)
+        return values.take(pa.array(rows)) if isinstance(values, pa.Array) else values[rows]
+
 
 REGISTRY: dict[str, Codec] = {}
 

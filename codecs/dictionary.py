@@ -170,6 +170,31 @@ class Dictionary(Codec):
         return pa.DictionaryArray.from_arrays(index, dictionary, safe=False).dictionary_decode()
 
 
+    def take(self, version, meta, buffers, rows):
+        """Strings at ``rows`` from the codes at ``rows``: a lookup touching a few rows
+        of a part gathers only their strings, never the whole column's."""
+        if meta["kind"] == "numpy" or meta["cardinality"] == 0:
+            return super().take(version, meta, buffers, rows)
+        n, k, bits = meta_length(meta), meta["cardinality"], meta["code_bits"]
+        check(bits == code_bits(k), "code width does not fit the cardinality")
+        buffers = list(buffers)
+        valid = None
+        if meta["validity"]:
+            check(buffers, "missing validity bitmap")
+            bitmap = as_u8(buffers.pop(0))
+            check(bitmap.nbytes >= (n + 7) // 8, "validity bitmap is short")
+            valid = np.unpackbits(bitmap[: (n + 7) // 8], bitorder="little")[rows].astype(bool)
+        check(buffers, "missing codes")
+        codes_buf = buffers.pop(0)
+        dictionary = decode_parts(meta["dict"], buffers)
+        check(len(dictionary) == k, "dictionary length does not match the metadata")
+        codes = gather(np.arange(k, dtype=code_dtype(k)), codes_buf, bits, n, 0, n)[rows]
+        out = dictionary.take(pa.array(codes))
+        if valid is not None and not valid.all():
+            out = pc.if_else(pa.array(valid), out, pa.nulls(len(rows), out.type))
+        return out
+
+
 def _any_valid(bitmap: np.ndarray, n: int) -> bool:
     return bool(np.unpackbits(bitmap[: (n + 7) // 8], bitorder="little")[:n].any())
 

@@ -204,26 +204,31 @@ def _incremental(left, right, since, upto, batch_rows, schema):
     nk = len(left.key_names)
     nlv = len(left.val_names)
     for dl, dr in co_blocks([left, right], changes=(since, upto)):
+        # One term alone (only one side changed here) multiplies consolidated inputs: its
+        # rows are distinct and nonzero already. Two terms may cancel: consolidate them.
+        alone = (len(dl) == 0) != (len(dr) == 0)
         pieces = []
         for a, b, kidx, li, ri, times, diffs in _delta_terms(dl, dr, left, right, since,
                                                              batch_rows):
             arrays = _take(a.keys, kidx) + _take(a.vals, li) + _take(b.vals, ri)
             pieces.append((arrays, times, diffs))
             if sum(len(p[1]) for p in pieces) >= batch_rows:
-                yield from _consolidated(pieces, nk, nlv, schema)
+                yield from _consolidated(pieces, nk, nlv, schema, alone)
                 pieces = []
         if pieces:
-            yield from _consolidated(pieces, nk, nlv, schema)
+            yield from _consolidated(pieces, nk, nlv, schema, alone)
 
 
-def _consolidated(pieces, nk, nlv, schema):
+def _consolidated(pieces, nk, nlv, schema, distinct: bool = False):
     names = schema.names
     keys = pa.concat_tables([pa.Table.from_arrays(p[0][:nk], names=names[:nk]) for p in pieces])
     val_names = names[nk:-2]
     vals = (pa.concat_tables([pa.Table.from_arrays(p[0][nk:], names=val_names)
                               for p in pieces]) if val_names else None)
-    upd = consolidate(Updates(keys, vals, np.concatenate([p[1] for p in pieces]),
-                              np.concatenate([p[2] for p in pieces])))
+    upd = Updates(keys, vals, np.concatenate([p[1] for p in pieces]),
+                  np.concatenate([p[2] for p in pieces]))
+    if not distinct:
+        upd = consolidate(upd)
     if len(upd):
         arrays = columns_of(upd.keys) + columns_of(upd.vals) + [
             pa.array(upd.times, pa.uint64()), pa.array(upd.diffs, pa.int64())]

@@ -89,9 +89,12 @@ def _snapshot_block(upd: Updates, at: int | None, single_source: bool = False,
     return _block(keys, vals, counts)
 
 
-def _changes_block(upd: Updates, since: int, upto: int | None, frontier: int) -> Block:
+def _changes_block(upd: Updates, since: int, upto: int | None, frontier: int,
+                   single_source: bool = False) -> Block:
     # times not yet advanced by a merge are reported as a merge would: max(time, frontier)
-    upd = filter_times(consolidate(upd, frontier), since, upto)
+    if not (single_source and (len(upd) == 0 or upd.times.min() >= frontier)):
+        upd = consolidate(upd, frontier)   # one batch's rows are consolidated already
+    upd = filter_times(upd, since, upto)
     return _block(upd.keys, upd.vals, upd.diffs, upd.times)
 
 
@@ -134,11 +137,10 @@ def co_blocks(traces: list, at: int | None = None,
             upd = step_updates(step, i)
             if upd is None:
                 out.append(empty_block(t.key_schema, t.val_schema, changes is not None))
-            elif changes is None:
-                single = sum(1 for tag, _ in step if tag == i) == 1
-                out.append(_snapshot_block(upd, at, single, bag))
             else:
-                out.append(_changes_block(upd, *changes, t.since))
+                single = sum(1 for tag, _ in step if tag == i) == 1
+                out.append(_snapshot_block(upd, at, single, bag) if changes is None
+                           else _changes_block(upd, *changes, t.since, single))
         if any(len(b) for b in out):
             yield tuple(out)
 

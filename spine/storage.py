@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.codecs import CodecError, choose_codec, decode, encode, zstd_blocks
+from arrangedb.codecs import CodecError, choose_codec, decode, encode, take, zstd_blocks
 from arrangedb.codecs.base import lookup
 from arrangedb.spine.layout import PartLayout
 from arrangedb.spine.part import PagedPart, boundary_key, payload_bytes
@@ -110,15 +110,21 @@ def take_column(pagefile, group: dict, rows: np.ndarray, cache=None):
     """Elements ``rows`` of one column of a part (a numpy array or an Arrow array).
 
     zstd columns of items (numpy, Arrow fixed-width without nulls) with a ``cache``
-    decompress only the blocks holding ``rows``; other columns decode whole and take.
+    decompress only the blocks holding ``rows``; a dictionary column gathers only the
+    rows' codes and strings; other columns decode whole and take.
     """
     if cache is not None and group["codec"] == "zstd":
         out = _through_cache(pagefile, group, cache,
                              lambda meta, fetch: zstd_blocks.take_from_blocks(meta, fetch, rows))
         if out is not None:
             return out
-    column = decode_column(pagefile, group, cache)
-    return column.take(pa.array(rows)) if isinstance(column, pa.Array) else column[rows]
+    if group["codec"] == "zstd":
+        column = decode_column(pagefile, group, cache)
+        return column.take(pa.array(rows)) if isinstance(column, pa.Array) else column[rows]
+    # a take gathers into new arrays: no copy out of the mapping needed first
+    buffers = [np.frombuffer(pagefile.buffer(r), dtype=np.uint8)
+               for r in group["regions"][: group["nbuffers"]]]
+    return take(group["codec"], group["version"], group["meta"], buffers, rows)
 
 
 def _through_cache(pagefile, group: dict, cache, read):

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from arrangedb.codecs import (
-    CODECS, CodecError, Encoded, choose_codec, decode, decode_range, encode,
+    CODECS, CodecError, Encoded, choose_codec, decode, decode_range, encode, take,
 )
 
 NAMES = ["plain", "offsets", "dict", "for", "zstd"]
@@ -143,6 +143,23 @@ def test_roundtrip_every_codec(values, codec, how):
     enc, _, _ = roundtrip(values, codec, how)
     if codec != "auto":
         assert enc.codec in (codec, "plain")
+
+
+@SETTINGS
+@given(values=ANY_ARRAY, codec=st.sampled_from(NAMES), data=st.data())
+def test_take_matches_decode_then_take(values, codec, data):
+    """``take`` (a lookup's gather; the dictionary codec's own) equals decode + take."""
+    enc = encode(values, codec)
+    meta = json.loads(json.dumps(enc.meta))
+    rows = np.array(data.draw(st.lists(st.integers(0, max(len(values) - 1, 0)),
+                                       max_size=20 if len(values) else 0)), np.int64)
+    expected = values[rows] if isinstance(values, np.ndarray) else values.take(pa.array(rows))
+    assert_same(take(enc.codec, enc.version, meta, as_stored(enc.buffers, "numpy"), rows),
+                expected)
+    if len(values):
+        with pytest.raises(CodecError, match="out of range"):
+            take(enc.codec, enc.version, meta, as_stored(enc.buffers, "numpy"),
+                 np.array([len(values)]))
 
 
 @SETTINGS
