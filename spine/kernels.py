@@ -16,15 +16,23 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.spine.order import codes, count_le, row_starts, sort_rows, sorted_row_starts
+from arrangedb.spine.order import (absolute_codes, codes, count_le, is_absolute, row_starts,
+                                   sort_rows, sorted_row_starts)
 from arrangedb.spine.updates import Updates
 
 
-def _key_val_codes(upd: Updates) -> tuple[np.ndarray, np.ndarray | None]:
+def _key_val_codes(upd: Updates) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The key's code and the vals' codes: one per val column when each is a fixed-width
+    column without nulls (the sorts take several columns; ranking them jointly would cost
+    a sort of its own), else one joint code."""
     kc = codes([upd.keys], upd.keys.column_names)[0]
     if upd.vals is None or upd.vals.num_columns == 0:
-        return kc, None
-    return kc, codes([upd.vals], upd.vals.column_names)[0]
+        return kc, []
+    names = upd.vals.column_names
+    if len(names) > 1 and all(is_absolute([upd.vals.schema.field(c).type])
+                              and upd.vals.column(c).null_count == 0 for c in names):
+        return kc, [absolute_codes(upd.vals, [c]) for c in names]
+    return kc, [codes([upd.vals], names)[0]]
 
 
 def _indices(idx: np.ndarray, n: int) -> np.ndarray | None:
@@ -48,10 +56,10 @@ def consolidate(upd: Updates, since: int | None = None, presorted_runs: bool = F
     times = upd.times
     if since:
         times = np.maximum(times, np.uint64(since))
-    kc, vc = _key_val_codes(upd)
+    kc, vcs = _key_val_codes(upd)
     constant_time = bool(times[0] == times[-1] and np.all(times == times[0]))
-    order, repeats = sort_rows(kc, vc, None if constant_time else times, presorted_runs)
-    starts = _distinct_starts(order, kc, vc, None if constant_time else times) if repeats \
+    order, repeats = sort_rows(kc, vcs, None if constant_time else times, presorted_runs)
+    starts = _distinct_starts(order, kc, vcs, None if constant_time else times) if repeats \
         else None
     if starts is None:
         starts = np.arange(n)
@@ -74,9 +82,9 @@ def consolidate(upd: Updates, since: int | None = None, presorted_runs: bool = F
     return Updates(keys, vals, out_times, sums)
 
 
-def _distinct_starts(order, kc, vc, times) -> np.ndarray:
-    """Where distinct (key, val, time) rows begin along ``order``."""
-    parts = [c[order] for c in (kc, vc, times) if c is not None]
+def _distinct_starts(order, kc, vcs, times) -> np.ndarray:
+    """Where distinct (key, vals, time) rows begin along ``order``."""
+    parts = [c[order] for c in [kc, *vcs, times] if c is not None]
     return row_starts(*parts)
 
 
@@ -92,9 +100,9 @@ def accumulate(upd: Updates, at: int | None) -> tuple[pa.Table, pa.Table | None,
     n = len(upd)
     if n == 0:
         return upd.keys, upd.vals, upd.diffs
-    kc, vc = _key_val_codes(upd)
-    order, repeats = sort_rows(kc, vc, None, presorted_runs=True)
-    starts = _distinct_starts(order, kc, vc, None) if repeats else np.arange(n)
+    kc, vcs = _key_val_codes(upd)
+    order, repeats = sort_rows(kc, vcs, None, presorted_runs=True)
+    starts = _distinct_starts(order, kc, vcs, None) if repeats else np.arange(n)
     d_s = upd.diffs[order]
     sums = d_s if len(starts) == n else np.add.reduceat(d_s, starts)
     keep = np.flatnonzero(sums != 0)

@@ -241,16 +241,19 @@ def _bits(x: np.ndarray) -> tuple[int, np.ndarray]:
     return max(span.bit_length(), 1), off
 
 
-def sort_rows(kc: np.ndarray, vc: np.ndarray | None, times: np.ndarray | None,
+def sort_rows(kc: np.ndarray, vc, times: np.ndarray | None,
               presorted_runs: bool = False) -> tuple[np.ndarray, bool]:
-    """An order sorting rows by (key code, val code, time); ties in all three in any order.
+    """An order sorting rows by (key code, val codes, time); full ties in any order.
+
+    ``vc``: None, one code array, or a list of them (one per val column).
 
     One packed value sort of the key and the leading bits of val and time orders almost
     every row (see :func:`_prefix_order`); concatenated sorted runs go through the stable
     timsort, which merges them in linear time. Returns the order and whether any key
     repeats.
     """
-    columns = [c for c in (kc, vc, times) if c is not None]
+    vcs = vc if isinstance(vc, list) else [vc]
+    columns = [c for c in [kc, *vcs, times] if c is not None]
     if len(columns) == 1:
         order = np.argsort(kc, kind="stable") if presorted_runs else fast_argsort(kc)
     else:

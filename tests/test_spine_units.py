@@ -139,6 +139,26 @@ def test_consolidate_matches_model(rows, key_only, since):
     assert order == sorted(order)
 
 
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(-3, 3),
+                          st.sampled_from([0.5, -0.0, 1e300, -2.25]), st.integers(0, 3),
+                          st.integers(-2, 2)), max_size=80))
+def test_consolidate_with_several_numeric_vals_matches_model(rows):
+    """Several fixed-width val columns are sorted as separate codes, not ranked jointly."""
+    upd = Updates(pa.table({"k": pa.array([r[0] for r in rows], pa.int64())}),
+                  pa.table({"n": pa.array([r[1] for r in rows], pa.int64()),
+                            "x": pa.array([r[2] for r in rows], pa.float64())}),
+                  np.array([r[3] for r in rows], np.uint64), np.array([r[4] for r in rows]))
+    model: dict = {}
+    for k, n, x, t, d in rows:
+        model[(k, n, x, t)] = model.get((k, n, x, t), 0) + d
+    model = {a: b for a, b in model.items() if b}
+    got = consolidate(upd)
+    rows_out = list(zip(got.keys["k"].to_pylist(), got.vals["n"].to_pylist(),
+                        got.vals["x"].to_pylist(), got.times.tolist()))
+    assert dict(zip(rows_out, got.diffs.tolist())) == model and len(rows_out) == len(model)
+    assert rows_out == sorted(rows_out)
+
+
 @given(UPDATES, st.booleans())
 def test_layout_round_trip(rows, key_only):
     c = consolidate(_updates(rows, key_only))
