@@ -45,6 +45,7 @@ class TaskConfig:
     spill_dir: str | None
     executor_budget: int
     slots: int
+    threads: int = 1   # cores each task may use (spark.task.cpus): sorts use that many
 
 
 def task_slots(conf: dict, master: str) -> int:
@@ -69,7 +70,8 @@ def resolve(spark, memory_budget=None, spill_dir=None) -> TaskConfig:
     slots = task_slots(conf, spark.sparkContext.master)
     return TaskConfig(budget_bytes=max(executor_budget // slots, 8 << 20),
                       spill_dir=spill_dir or conf.get(SPILL_KEY),
-                      executor_budget=executor_budget, slots=slots)
+                      executor_budget=executor_budget, slots=slots,
+                      threads=max(1, int(conf.get("spark.task.cpus", "1") or 1)))
 
 
 def task_spill_root(cfg: TaskConfig) -> str | None:

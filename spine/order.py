@@ -34,6 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 PARALLEL_SORT_FROM = 1 << 20   # rows; below, a second thread costs more than it saves
+_sort_threads = min(2, int(os.environ.get("ARRANGEDB_THREADS", 0) or os.cpu_count() or 1))
 _helper: ThreadPoolExecutor | None = None
 _helper_pid = -1
 _helper_guard = threading.Lock()
@@ -334,9 +335,16 @@ def _packed_argsort(x: np.ndarray, stable_merge: bool = False) -> np.ndarray | N
     return p.view(np.int64)
 
 
+def set_sort_threads(n: int) -> None:
+    """Threads a large sort may use in this process (1 or 2): a Spark task gets its
+    ``spark.task.cpus``, the executor's other cores running other tasks."""
+    global _sort_threads
+    _sort_threads = max(1, min(2, int(n)))
+
+
 def _sort_helper() -> ThreadPoolExecutor | None:
     global _helper, _helper_pid
-    if (os.cpu_count() or 1) < 2:
+    if _sort_threads < 2:
         return None
     with _helper_guard:
         if _helper is None or _helper_pid != os.getpid():   # a forked child has no thread
