@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 
 from arrangedb.ops.common import (DEFAULT_BATCH_ROWS, check_batch_rows, check_time,
-                                  columns_of, output_chunks)
+                                  columns_of, output_chunks, ranges)
 from arrangedb.spine.cursor import Block, co_blocks
 from arrangedb.spine.kernels import consolidate
 from arrangedb.spine.order import codes
@@ -100,10 +100,13 @@ def product_chunks(lb: Block, rb: Block, li_key: np.ndarray, ri_key: np.ndarray,
     """For matched keys, the cross product of their rows in chunks: (left key, li, ri)."""
     lstart, nl = lb.key_bounds[li_key], np.diff(lb.key_bounds)[li_key]
     rstart, nr = rb.key_bounds[ri_key], np.diff(rb.key_bounds)[ri_key]
-    if (nl == 1).all() and (nr == 1).all():   # one row a side per key: pairs are rows
-        for lo in range(0, len(li_key), batch_rows):
+    if (nr == 1).all():   # many-to-one (a foreign key): each left row meets one right row
+        kidx = np.repeat(li_key, nl)
+        li = ranges(lstart, nl)
+        ri = np.repeat(rstart, nl)
+        for lo in range(0, len(li), batch_rows):
             hi = lo + batch_rows
-            yield li_key[lo:hi], lstart[lo:hi], rstart[lo:hi]
+            yield kidx[lo:hi], li[lo:hi], ri[lo:hi]
         return
     for g, pos in output_chunks(nl * nr, batch_rows):
         width = nr[g]
