@@ -83,8 +83,13 @@ def test_arrange_beyond_budget(benchmark, tmp_path):
             trace = engine.arrange(table, key=["k"], vals=["v"])
             return trace.stats(), engine.stats()
 
-    fits, _ = _timed(lambda: arrange(4 * data_bytes))
-    spilled, (stats, estats) = _timed(lambda: arrange(small))
+    # best of three each, interleaved: single runs here wander by +-30%
+    fits_runs, spilled_runs = [], []
+    for _ in range(3 if FULL else 1):
+        fits_runs.append(_timed(lambda: arrange(4 * data_bytes))[0])
+        seconds, (stats, estats) = _timed(lambda: arrange(small))
+        spilled_runs.append(seconds)
+    fits, spilled = min(fits_runs), min(spilled_runs)
     benchmark.pedantic(lambda: arrange(small), rounds=1, iterations=1)
     slowdown = spilled / fits
     benchmark.extra_info.update({"in_budget_seconds": fits, "eight_x_seconds": spilled,
