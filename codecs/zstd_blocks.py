@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import bisect
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -28,11 +27,12 @@ from arrangedb.codecs.base import (
     Codec, CodecError, Encoded, as_u8, binary_offset_dtype, check, clamp_range, expect_buffers,
     meta_dtype, meta_length, register, str_to_type,
 )
+from arrangedb.codecs import parallel
 from arrangedb.codecs.plain import decode_parts, encode_parts
 
 DEFAULT_BLOCK_BYTES = 128 << 10
 DEFAULT_LEVEL = 3
-PARALLEL_BLOCKS = 64  # decompress in two threads from 64 blocks (8 MiB) up
+PARALLEL_BLOCKS = 16  # from 16 blocks (2 MiB) up, two threads take a half each
 
 _local = threading.local()
 
@@ -57,9 +57,19 @@ def decompressor() -> zstandard.ZstdDecompressor:
 def compress_blocks(buf, block: int, level: int) -> tuple[bytes, list, list]:
     """(compressed bytes, raw block offsets, compressed block offsets) of one buffer."""
     raw = memoryview(as_u8(buf))
-    cctx = compressor(level)
     raw_offsets = list(range(0, len(raw), block)) + [len(raw)]
-    frames = [cctx.compress(raw[a:b]) for a, b in zip(raw_offsets, raw_offsets[1:])]
+    bounds = list(zip(raw_offsets, raw_offsets[1:]))
+
+    def run(part):
+        cctx = compressor(level)   # one per thread: contexts are not thread-safe
+        return [cctx.compress(raw[a:b]) for a, b in part]
+
+    if len(bounds) >= PARALLEL_BLOCKS:   # zstd releases the GIL: two halves at once
+        mid = len(bounds) // 2
+        first, second = parallel.both(lambda: run(bounds[:mid]), lambda: run(bounds[mid:]))
+        frames = first + second
+    else:
+        frames = run(bounds)
     comp_offsets = [0]
     for f in frames:
         comp_offsets.append(comp_offsets[-1] + len(f))
@@ -123,10 +133,7 @@ def decompress_blocks(buf, raw_offsets, comp_offsets, first: int = 0, last: int 
 
     if last - first >= PARALLEL_BLOCKS:  # zstd releases the GIL: two halves at once
         mid = (first + last) // 2
-        with ThreadPoolExecutor(2) as pool:
-            halves = [pool.submit(run, first, mid), pool.submit(run, mid, last)]
-            for h in halves:
-                h.result()
+        parallel.both(lambda: run(first, mid), lambda: run(mid, last))
     else:
         run(first, last)
     return out

@@ -51,10 +51,10 @@ class _Task:
     def engine(self):
         from arrangedb import Engine
         from arrangedb.spark_integration.config import check_address_space, task_spill_root
-        from arrangedb.spine.order import set_sort_threads
+        from arrangedb.codecs.parallel import set_threads
 
         check_address_space(self.cfg.budget_bytes)
-        set_sort_threads(self.cfg.threads)   # the other cores run the other slots' tasks
+        set_threads(self.cfg.threads)   # the other cores run the other slots' tasks
         return Engine(spill_dir=task_spill_root(self.cfg), memory_budget=self.cfg.budget_bytes)
 
     def report(self, engine) -> None:

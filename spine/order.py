@@ -25,19 +25,13 @@ Invariants
 
 from __future__ import annotations
 
-import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from arrangedb.codecs import parallel
+
 PARALLEL_SORT_FROM = 1 << 17   # rows; below, handing half to a thread saves too little
-_sort_threads = min(2, int(os.environ.get("ARRANGEDB_THREADS", 0) or os.cpu_count() or 1))
-_helper: ThreadPoolExecutor | None = None
-_helper_pid = -1
-_helper_guard = threading.Lock()
 
 _SIGN_BIT = np.int64(-0x8000000000000000)
 
@@ -335,36 +329,15 @@ def _packed_argsort(x: np.ndarray, stable_merge: bool = False) -> np.ndarray | N
     return p.view(np.int64)
 
 
-def set_sort_threads(n: int) -> None:
-    """Threads a large sort may use in this process (1 or 2): a Spark task gets its
-    ``spark.task.cpus``, the executor's other cores running other tasks."""
-    global _sort_threads
-    _sort_threads = max(1, min(2, int(n)))
-
-
-def _sort_helper() -> ThreadPoolExecutor | None:
-    global _helper, _helper_pid
-    if _sort_threads < 2:
-        return None
-    with _helper_guard:
-        if _helper is None or _helper_pid != os.getpid():   # a forked child has no thread
-            _helper = ThreadPoolExecutor(1, thread_name_prefix="arrangedb-sort")
-            _helper_pid = os.getpid()
-        return _helper
-
-
 def _sort_values(p: np.ndarray, stable_merge: bool) -> None:
     """Sort ``p`` in place. Concatenated runs: timsort merges them. Large random input:
     its halves sorted on two threads (numpy drops the GIL), then merged by timsort --
     1.75x faster than one sort of 100k to 4M values here."""
-    helper = None if stable_merge or len(p) < PARALLEL_SORT_FROM else _sort_helper()
-    if helper is None:
+    if stable_merge or len(p) < PARALLEL_SORT_FROM or parallel.threads() < 2:
         p.sort(kind="stable" if stable_merge else None)
         return
     half = len(p) // 2
-    first = helper.submit(p[:half].sort)
-    p[half:].sort()
-    first.result()
+    parallel.both(p[:half].sort, p[half:].sort)
     p.sort(kind="stable")
 
 

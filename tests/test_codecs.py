@@ -505,3 +505,33 @@ def test_take_from_blocks_fetches_only_the_blocks_holding_the_rows():
     assert sorted(served) == [(0, 0), (0, 1), (0, 4), (0, 5)]   # bytes 8..15, 56..63
     with pytest.raises(CodecError, match="out of range"):
         take_from_blocks(enc.meta, fetch, np.array([50]))
+
+
+def test_zstd_blocks_are_the_same_on_one_or_two_threads():
+    from arrangedb.codecs import parallel
+
+    values = np.random.default_rng(3).integers(0, 1000, 1 << 20)   # 64 blocks of 128 KiB
+    before = parallel.threads()
+    try:
+        parallel.set_threads(1)
+        one = encode(values, "zstd")
+        parallel.set_threads(2)
+        two = encode(values, "zstd")
+        assert one.meta == two.meta and bytes(one.buffers[0]) == bytes(two.buffers[0])
+        for n in (1, 2):
+            parallel.set_threads(n)
+            assert np.array_equal(decode(two.codec, two.version, two.meta, two.buffers), values)
+    finally:
+        parallel.set_threads(before)
+
+
+def test_parallel_both_runs_nested_calls_inline():
+    from arrangedb.codecs import parallel
+
+    before = parallel.threads()
+    parallel.set_threads(2)
+    try:
+        inner = lambda: parallel.both(lambda: 1, lambda: 2)   # noqa: E731
+        assert parallel.both(inner, inner) == ((1, 2), (1, 2))
+    finally:
+        parallel.set_threads(before)
