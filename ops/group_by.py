@@ -50,23 +50,24 @@ class _Partials:
 
     def of_batch(self, rb: pa.RecordBatch) -> pa.Table:
         n = rb.num_rows
-        w = (rb.column(self.weight).to_numpy(zero_copy_only=False).astype(np.int64)
+        w = (rb.column(self.weight).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
              if self.weight else np.ones(n, np.int64))
         cols = {b: rb.column(b) for b in self.by}
         for name, (fn, col) in self.aggs.items():
             arr = rb.column(col) if col is not None else None
-            valid = (np.ones(n, bool) if arr is None or arr.null_count == 0
+            valid = (None if arr is None or arr.null_count == 0   # None: every row counts
                      else arr.is_valid().to_numpy(zero_copy_only=False))
             for pname, kind in self.plan[name]:
                 if kind == "n":
-                    cols[pname] = pa.array(w * valid)
+                    cols[pname] = pa.array(w if valid is None else w * valid)
                 elif kind == "v":
-                    cols[pname] = pa.array(valid.astype(np.int64))
+                    cols[pname] = pa.array(np.ones(n, np.int64) if valid is None
+                                           else valid.astype(np.int64))
                 elif kind == "s":
                     typ = np.float64 if pa.types.is_floating(arr.type) else np.int64
                     x = (arr.fill_null(0) if arr.null_count else arr).to_numpy(
                         zero_copy_only=False).astype(typ, copy=False)
-                    cols[pname] = pa.array(x * w * valid)
+                    cols[pname] = pa.array(x * w)   # nulls were filled with 0
                 else:  # min / max over rows present with a positive weight
                     cols[pname] = pc.if_else(pa.array(w > 0), arr, pa.nulls(n, arr.type))
         return self.combine(pa.table(cols))
@@ -211,9 +212,7 @@ def _run(partials: _Partials, batches, engine, memory_budget, spill_dir, batch_r
             own_engine = engine = Engine(spill_dir=spill_dir, memory_budget=memory_budget)
         limit = max(engine.budget.limit // 4, 1 << 20)
         churn = 0
-        for rb in batches:
-            if rb.num_rows == 0:
-                continue
+        for rb in _coalesced(batches, min(limit // 8, 64 << 20)):
             churn += rb.nbytes
             if churn >= limit // 2:
                 # Arrow's pool (mimalloc) keeps what grouping and the upstream operator
@@ -257,6 +256,23 @@ def _run(partials: _Partials, batches, engine, memory_budget, spill_dir, batch_r
         release_freed_memory()
         if own_engine is not None:
             own_engine.close()
+
+
+def _coalesced(batches, max_bytes: int, max_rows: int = 1 << 20) -> Iterator[pa.RecordBatch]:
+    """The stream's non-empty batches joined into batches of up to ``max_rows`` rows (or
+    ``max_bytes``): Arrow's grouping costs ~2.7x less per row on 1M rows than on 64k."""
+    pending, rows, nbytes = [], 0, 0
+    for rb in batches:
+        if rb.num_rows == 0:
+            continue
+        pending.append(rb)
+        rows += rb.num_rows
+        nbytes += rb.nbytes
+        if rows >= max_rows or nbytes >= max_bytes:
+            yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
+            pending, rows, nbytes = [], 0, 0
+    if pending:
+        yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
 
 
 def _finish_spilled(partials: _Partials, trace, last) -> Iterator[pa.RecordBatch]:
