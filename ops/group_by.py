@@ -207,10 +207,24 @@ def _run(partials: _Partials, batches, engine, memory_budget, spill_dir, batch_r
     trace = None
     held: list[pa.Table] = []
     held_bytes = 0
+    reserved = 0
+
+    def account(nbytes: int) -> None:
+        """Hold exactly ``nbytes`` of the budget for the partials kept in memory."""
+        nonlocal reserved
+        if nbytes > reserved:
+            engine.budget.reserve(nbytes - reserved, "group_by partials")
+        else:
+            engine.budget.release(reserved - nbytes, "group_by partials")
+        reserved = nbytes
+
     try:
         if engine is None:
             own_engine = engine = Engine(spill_dir=spill_dir, memory_budget=memory_budget)
-        limit = max(engine.budget.limit // 4, 1 << 20)
+        # combining the held partials takes two to three times their size again (the
+        # concatenation, Arrow's hash table and its output): an eighth of the budget
+        # held keeps that within the budget's share left beside the readers
+        limit = max(engine.budget.limit // 8, 1 << 20)
         churn = 0
         for rb in _coalesced(batches, min(limit // 8, 64 << 20)):
             churn += rb.nbytes
@@ -223,10 +237,12 @@ def _run(partials: _Partials, batches, engine, memory_budget, spill_dir, batch_r
             part = first(rb)
             held.append(part)
             held_bytes += part.nbytes
+            account(held_bytes)
             if held_bytes < limit:
                 continue
             combined = partials.combine(pa.concat_tables(held))
             held, held_bytes = [combined], combined.nbytes
+            account(held_bytes)
             if held_bytes < limit // 2:
                 continue
             nulls = _has_null_key(combined, partials.by)
@@ -238,6 +254,7 @@ def _run(partials: _Partials, batches, engine, memory_budget, spill_dir, batch_r
                 trace.insert(spill)
             held = [combined.filter(pa.array(nulls))]
             held_bytes = held[0].nbytes
+            account(held_bytes)
             release_freed_memory()
         rest = partials.combine(pa.concat_tables(held)) if held else None
         if trace is None:
@@ -253,6 +270,8 @@ def _run(partials: _Partials, batches, engine, memory_budget, spill_dir, batch_r
                 yield last(rest)
         yield from _finish_spilled(partials, trace, last)
     finally:
+        if engine is not None and reserved:
+            engine.budget.release(reserved, "group_by partials")
         release_freed_memory()
         if own_engine is not None:
             own_engine.close()

@@ -225,10 +225,14 @@ class ResidentSet:
                 freed += length
                 continue
             freed += pf.release(name)
+        self.sweep()
+        return freed
+
+    def sweep(self) -> None:
+        """Drop the pages mapped beside the regions released since the last sweep."""
         for pf in list(self.released):
             pf.sweep()
         self.released.clear()
-        return freed
 
 
 class PageFile:

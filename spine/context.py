@@ -40,6 +40,18 @@ class StorageContext:
         if self.block_cache is not None:
             self.block_cache.close()
 
+    def settle(self) -> None:
+        """After a big step (an arrange, a merge): give back what is freed but still
+        resident -- the allocators' free blocks, pages mapped beside released regions --
+        so that RSS, which the budget watches, shows what is really held."""
+        if self.budget is None:
+            return
+        from arrangedb.pager.budget import release_freed_memory
+        from arrangedb.pager.pagefile import ResidentSet
+
+        release_freed_memory()
+        ResidentSet.of(self.budget).sweep()
+
     def reserve(self, nbytes: int, what: str) -> None:
         if self.budget is not None and nbytes > 0:
             self.budget.reserve(nbytes, what)

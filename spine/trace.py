@@ -24,7 +24,6 @@ import weakref
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.pager.budget import release_freed_memory
 from arrangedb.spine.batch import Batch
 from arrangedb.spine.builder import Builder
 from arrangedb.spine.context import StorageContext
@@ -125,10 +124,7 @@ class Trace:
         finally:
             self.ctx.release(size)
         runs = self._merge_down(runs)
-        if self.ctx.budget is not None:
-            # sorting left big freed blocks with the allocator; give them back so the
-            # RSS the budget watches shows what is really held
-            release_freed_memory()
+        self.ctx.settle()   # sorting left big freed blocks with the allocators
         return runs
 
     def _seal_run(self, buffered: list[Updates], reserved: int) -> Batch:
@@ -167,6 +163,7 @@ class Trace:
     def merge_all(self) -> None:
         """Finish every merge: leaves one batch (handy before many reads)."""
         self.spine.merge_all()
+        self.ctx.settle()
 
     # -- handles and compaction --------------------------------------------------------
     def handle(self) -> "TraceHandle":
