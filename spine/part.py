@@ -113,12 +113,14 @@ class PagedPart(Part):
     cache: object = field(default=None, repr=False)   # the engine's BlockCache, if any
 
     def layout(self) -> PartLayout:
-        cols = self._decode(_FIELDS)
+        # a scan reads each block once: through the cache it would only evict the blocks
+        # lookups come back for, and pay a copy and a reservation per block
+        cols = self._decode(_FIELDS, None)
         self.release()  # the bytes were copied out: let the mapped pages go now
         return self._assemble(cols)
 
     def lookup_layout(self) -> PartLayout:
-        cols = self._decode(("keys", "key_bounds", "val_bounds"))
+        cols = self._decode(("keys", "key_bounds", "val_bounds"), self.cache)
         key_schema, val_schema = self.schemas
         if self.columns.get("vals") is not None:
             cols["vals"] = _RowsTable(self, self.columns["vals"], val_schema)
@@ -126,7 +128,7 @@ class PagedPart(Part):
             cols[name] = _Rows(self, self.columns[name][0])
         return self._assemble(cols, tables=False)
 
-    def _decode(self, names) -> dict:
+    def _decode(self, names, cache) -> dict:
         from arrangedb.spine.storage import decode_column  # storage imports part
 
         cols = dict.fromkeys(_FIELDS)
@@ -134,7 +136,7 @@ class PagedPart(Part):
             groups = self.columns.get(name)
             if groups is None:
                 continue
-            arrays = [decode_column(self.pagefile, g, self.cache) for g in groups]
+            arrays = [decode_column(self.pagefile, g, cache) for g in groups]
             cols[name] = arrays if name in ("keys", "vals") else arrays[0]
         return cols
 
