@@ -58,6 +58,14 @@ class PartLayout:
 def _compress_singletons(starts: np.ndarray, n: int, times: np.ndarray,
                          diffs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Bounds for leaves starting at ``starts`` (into n updates), and which updates to keep."""
+    if len(starts) == n and n and times[0] == times[-1] and diffs[0] == diffs[-1] \
+            and (times == times[0]).all() and (diffs == diffs[0]).all():
+        # a snapshot of distinct rows (the common merged batch): one stored (time, diff)
+        bounds = np.ones(n + 1, dtype=np.uint64)
+        bounds[0] = 0
+        keep = np.zeros(n, dtype=bool)
+        keep[0] = True
+        return bounds, keep
     counts = np.diff(np.append(starts, n))
     single = counts == 1
     t_first, d_first = times[starts], diffs[starts]
