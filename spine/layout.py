@@ -94,7 +94,10 @@ def to_layout(upd: Updates) -> PartLayout:
         bounds, keep = _compress_singletons(kstarts, n, upd.times, upd.diffs)
         keys = upd.keys.take(kstarts) if len(kstarts) != n else upd.keys
         return PartLayout(keys, bounds, None, None, upd.times[keep], upd.diffs[keep])
-    vstarts, leaf_of = _union_starts(kstarts, sorted_row_starts(upd.vals), n)
+    if len(kstarts) == n:       # every row its own key: every row its own (key, val) too
+        vstarts = leaf_of = np.arange(n, dtype=np.int64)
+    else:
+        vstarts, leaf_of = _union_starts(kstarts, sorted_row_starts(upd.vals), n)
     bounds, keep = _compress_singletons(vstarts, n, upd.times, upd.diffs)
     key_bounds = np.append(leaf_of[kstarts], len(vstarts)).astype(np.uint64)
     keys = upd.keys.take(kstarts) if len(kstarts) != n else upd.keys
