@@ -258,18 +258,20 @@ def sort_rows(kc: np.ndarray, vc, times: np.ndarray | None,
 
 
 def _tie_groups(sorted_values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """Positions of rows equal to a neighbour in a sorted array, and their group ids."""
+    """Positions of rows equal to a neighbour in a sorted array, and their group ids.
+
+    Ties are few where this is used (prefixes of distinct rows): only the tied rows are
+    labelled, never a group id for every row.
+    """
     ties = sorted_values[1:] == sorted_values[:-1]
-    if not ties.any():
+    first = np.flatnonzero(ties)            # row first+1 equals row first
+    if len(first) == 0:
         return None
-    in_dup = np.zeros(len(sorted_values), dtype=bool)
-    in_dup[1:] = ties
-    in_dup[:-1] |= ties
-    group = np.empty(len(sorted_values), dtype=np.int64)
-    group[0] = 0
-    np.cumsum(~ties, out=group[1:])
-    sub = np.flatnonzero(in_dup)
-    return sub, group[sub]
+    sub = np.union1d(first, first + 1)
+    continues = np.zeros(len(sub), dtype=bool)
+    inner = sub > 0
+    continues[inner] = ties[sub[inner] - 1]
+    return sub, np.cumsum(~continues)
 
 
 def _prefix_order(columns: list[np.ndarray], presorted_runs: bool = False) -> np.ndarray:
