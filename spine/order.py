@@ -60,7 +60,8 @@ def _column_values(col) -> np.ndarray:
         return col.view(pa.int64() if width == 64 else pa.int32()).to_numpy()
     if pa.types.is_floating(t):
         f = col.cast(pa.float64()).to_numpy(zero_copy_only=False)
-        f = np.where(np.isnan(f), np.nan, f)  # one canonical NaN
+        if np.isnan(f).any():   # one canonical NaN (the check is ~10x cheaper than a copy)
+            f = np.where(np.isnan(f), np.nan, f)
         bits = f.view(np.int64)
         # IEEE total order as signed integers: flip the magnitude bits of negatives.
         return bits ^ ((bits >> 63) & ~_SIGN_BIT)
