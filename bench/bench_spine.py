@@ -105,15 +105,23 @@ def test_lookup_throughput(benchmark, tmp_path):
     rng = np.random.default_rng(2)
     queries = rng.integers(0, N_TRACE * 2, N_LOOKUP)  # about half hit
     sorted_k = np.sort(table["k"].to_numpy())
-    base, _ = _timed(lambda: np.searchsorted(sorted_k, queries))
     with Engine(spill_dir=tmp_path, memory_budget=BUDGET) as engine:
         trace = engine.arrange(table, key=["k"], vals=["v"])
         q = pa.table({"k": queries})
-        ours, result = _timed(lambda: trace.lookup(q))
+        # best of three each, interleaved (single runs wander by +-30% here); the first
+        # lookup also verifies the checksum of every region it maps: reported on its own
+        ours_runs, base_runs = [], []
+        for _ in range(3 if FULL else 1):
+            seconds, result = _timed(lambda: trace.lookup(q))
+            ours_runs.append(seconds)
+            base_runs.append(_timed(lambda: np.searchsorted(sorted_k, queries))[0])
         benchmark.pedantic(lambda: trace.lookup(q), rounds=1, iterations=1)
     hits = int(np.isin(queries, sorted_k).sum())
     assert result.num_rows == hits
-    _report(benchmark, "lookup", ours, base, lookups_per_s=N_LOOKUP / ours)
+    ours, base = min(ours_runs), min(base_runs)
+    print(f"\nfirst lookup (checksums verified as regions are mapped): {ours_runs[0]:.3f}s")
+    _report(benchmark, "lookup", ours, base, lookups_per_s=N_LOOKUP / ours,
+            first_lookup_seconds=ours_runs[0])
 
 
 def test_merge_throughput(benchmark, tmp_path):
