@@ -7,6 +7,8 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 
+from arrangedb.spine.layout import ranges
+
 DEFAULT_BATCH_ROWS = 1 << 16
 
 
@@ -19,17 +21,6 @@ def columns_of(table: pa.Table | None) -> list[pa.Array]:
 def row_owner(bounds: np.ndarray) -> np.ndarray:
     """For rows grouped by ``bounds`` (len g+1), the group index of every row."""
     return np.repeat(np.arange(len(bounds) - 1, dtype=np.int64), np.diff(bounds))
-
-
-def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Concatenation of ``arange(s, s + n)`` for each (s, n), without a Python loop."""
-    lengths = lengths.astype(np.int64, copy=False)
-    total = int(lengths.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    offsets = np.zeros(len(lengths), dtype=np.int64)
-    np.cumsum(lengths[:-1], out=offsets[1:])
-    return np.arange(total, dtype=np.int64) + np.repeat(starts.astype(np.int64) - offsets, lengths)
 
 
 def output_chunks(sizes: np.ndarray, batch_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:

@@ -14,7 +14,8 @@ Format (version 2)
 A writer streams regions into ``<name>.tmp`` as they come (nothing is buffered beyond the
 region being written), then writes the directory and the header and renames the file
 into place: a reader never sees a half-written file. A region's checksum
-(:mod:`arrangedb.pager.checksum`, at memory speed) is checked the first time it is mapped, so a flipped byte is caught before any decoder sees it.
+(:mod:`arrangedb.pager.checksum`, at memory speed) is checked the first time it is mapped,
+so a flipped byte is caught before any decoder sees it.
 
 Residency
 ---------
@@ -250,7 +251,6 @@ class PageFile:
         self._lock = threading.Lock()
         self._key = next(_PAGEFILE_KEYS)
         self._ref = weakref.ref(self)
-        self._sweep_due = False
 
     @property
     def data_bytes(self) -> int:
@@ -363,16 +363,13 @@ class PageFile:
             self._advise(*_page_span(info.offset, info.length))
             if self._resident is not None:
                 self._resident.regions.pop((self._key, n), None)
-                if not self._sweep_due:
-                    self._sweep_due = True
-                    self._resident.released.add(self)
+                self._resident.released.add(self)
                 self._resident.budget.release(length, "mapped pages")
                 freed += length
         return freed
 
     def sweep(self) -> None:
         """Drop every mapped page outside the regions in use (fault-around leftovers)."""
-        self._sweep_due = False
         with self._lock:
             in_use = sorted(_page_span(self.regions[n].offset, self.regions[n].length)
                             for n in self._mapped)

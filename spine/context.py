@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from arrangedb.pager.budget import release_freed_memory
+from arrangedb.pager.pagefile import ResidentSet
+
 
 @dataclass
 class StorageContext:
@@ -46,9 +49,6 @@ class StorageContext:
         so that RSS, which the budget watches, shows what is really held."""
         if self.budget is None:
             return
-        from arrangedb.pager.budget import release_freed_memory
-        from arrangedb.pager.pagefile import ResidentSet
-
         release_freed_memory()
         ResidentSet.of(self.budget).sweep()
 

@@ -128,11 +128,7 @@ def _leaf_update_index(bounds: np.ndarray, singleton: bool = False
     if singleton or np.all(stored == 1):
         return None, counts  # identity, or every update is the one stored pair
     starts = np.where(stored == 0, b[:-1] - 1, b[:-1])
-    total = int(counts.sum())
-    run_start = np.zeros(len(counts), dtype=np.int64)
-    np.cumsum(counts[:-1], out=run_start[1:])
-    idx = np.arange(total, dtype=np.int64) + np.repeat(starts - run_start, counts)
-    return idx, counts
+    return ranges(starts, counts), counts
 
 
 def _repeat_rows(table: pa.Table, counts: np.ndarray) -> pa.Table:
@@ -167,12 +163,15 @@ def from_layout(part: PartLayout) -> Updates:
     return Updates(_repeat_rows(part.keys, per_key), vals, times, diffs)
 
 
-def _ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
-    """Concatenation of ``range(s, s + l)`` for each pair, vectorized."""
-    total = int(lens.sum())
-    run_start = np.zeros(len(lens), dtype=np.int64)
-    np.cumsum(lens[:-1], out=run_start[1:])
-    return np.arange(total, dtype=np.int64) + np.repeat(starts - run_start, lens)
+def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenation of ``arange(s, s + n)`` for each (s, n), without a Python loop."""
+    lengths = lengths.astype(np.int64, copy=False)
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    offsets = np.zeros(len(lengths), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=offsets[1:])
+    return np.arange(total, dtype=np.int64) + np.repeat(starts.astype(np.int64) - offsets, lengths)
 
 
 def select_keys(part: PartLayout, key_index: np.ndarray) -> tuple[Updates, np.ndarray]:
@@ -187,12 +186,12 @@ def select_keys(part: PartLayout, key_index: np.ndarray) -> tuple[Updates, np.nd
         leaves, k_lens = key_index, np.ones(len(key_index), dtype=np.int64)
     else:
         k_lens = kb[key_index + 1] - kb[key_index]
-        leaves = _ranges(kb[key_index], k_lens)       # val slots of the selected keys
+        leaves = ranges(kb[key_index], k_lens)       # val slots of the selected keys
     bounds = (part.val_bounds if part.vals is not None else part.key_bounds).astype(np.int64)
     stored = bounds[leaves + 1] - bounds[leaves]
     counts = np.where(stored == 0, 1, stored)
     starts = np.where(stored == 0, bounds[leaves] - 1, bounds[leaves])
-    upd_idx = _ranges(starts, counts)
+    upd_idx = ranges(starts, counts)
     leaf_owner = np.repeat(np.arange(len(key_index)), k_lens)
     owner = np.repeat(leaf_owner, counts)
     keys = part.keys.take(key_index[owner])

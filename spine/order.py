@@ -298,9 +298,7 @@ def _prefix_order(columns: list[np.ndarray], presorted_runs: bool = False) -> np
         prefix <<= np.uint64(take)
         prefix |= off >> np.uint64(bits - take)
         used += take
-    order = _packed_argsort(prefix, stable_merge=presorted_runs)
-    if order is None:           # cannot happen (the prefix leaves the index its bits)
-        return _lsd_order(columns)
+    order = _packed_argsort(prefix, stable_merge=presorted_runs)   # fits: room was left
     tied = _tie_groups(prefix[order])
     if tied is None:
         return order

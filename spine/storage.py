@@ -118,8 +118,7 @@ def take_column(pagefile, group: dict, rows: np.ndarray, cache=None):
                              lambda meta, fetch: zstd_blocks.take_from_blocks(meta, fetch, rows))
         if out is not None:
             return out
-    if group["codec"] == "zstd":
-        column = decode_column(pagefile, group, cache)
+        column = decode_column(pagefile, group, cache)   # whole, from the cached blocks
         return column.take(pa.array(rows)) if isinstance(column, pa.Array) else column[rows]
     # a take gathers into new arrays: no copy out of the mapping needed first
     buffers = [np.frombuffer(pagefile.buffer(r), dtype=np.uint8)

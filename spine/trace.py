@@ -30,7 +30,7 @@ from arrangedb.spine.context import StorageContext
 from arrangedb.spine.cursor import blocks
 from arrangedb.spine.ingest import Columns, SchemaError, open_batches, to_updates
 from arrangedb.spine.kernels import accumulate, consolidate
-from arrangedb.spine.layout import select_keys
+from arrangedb.spine.layout import ranges, select_keys
 from arrangedb.spine.merger import Merger
 from arrangedb.spine.order import codes, sort_order
 from arrangedb.spine.reader import seek_parts
@@ -275,10 +275,7 @@ class Trace:
         by_query[q_index] = np.arange(n)              # permutation, no sort needed
         reps = per_query[by_query]
         starts = lo[group_of_sorted][by_query]
-        total = int(reps.sum())
-        run_start = np.zeros(len(reps), dtype=np.int64)
-        np.cumsum(reps[:-1], out=run_start[1:])
-        rows = np.arange(total, dtype=np.int64) + np.repeat(starts - run_start, reps)
+        rows = ranges(starts, reps)
         qi = np.repeat(np.arange(n), reps)           # q_index is a permutation of 0..n-1
         key_rows = uq.take(u_rows[rows])
         out_vals = vals.take(rows) if vals is not None else None
