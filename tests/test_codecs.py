@@ -364,6 +364,41 @@ def test_truncated_buffers_raise(values, codec):
         decode(enc.codec, enc.version, enc.meta, as_stored(enc.buffers)[:-1])
 
 
+@SETTINGS
+@given(values=arrow_arrays(kinds=("string", "binary", "large_string")))
+def test_varlen_dict_decode_through_wide_code_groups(values):
+    """Large columns take their packed codes 16 bits at a time; the same result on any
+    length (odd byte counts, padding codes), with nulls, on one thread or two."""
+    from arrangedb.codecs import dictionary, parallel
+
+    old, before = dictionary.WIDE_GROUPS_FROM, parallel.threads()
+    dictionary.WIDE_GROUPS_FROM = 0
+    try:
+        for threads in (1, 2):
+            parallel.set_threads(threads)
+            roundtrip(values, "dict")
+    finally:
+        dictionary.WIDE_GROUPS_FROM = old
+        parallel.set_threads(before)
+
+
+def test_wide_code_groups_still_reject_bad_codes():
+    from arrangedb.codecs import dictionary
+
+    values = pa.array(np.random.default_rng(8).choice(["a", "bb", "ccc", "dddd", "e"], 999))
+    enc = encode(values, "dict")
+    assert enc.meta["code_bits"] == 4
+    stored = as_stored(enc.buffers)
+    stored[0][7] = 0xF0          # code 15, past the 5-entry dictionary
+    old = dictionary.WIDE_GROUPS_FROM
+    dictionary.WIDE_GROUPS_FROM = 0
+    try:
+        with pytest.raises(CodecError, match="out of range"):
+            decode(enc.codec, enc.version, enc.meta, stored)
+    finally:
+        dictionary.WIDE_GROUPS_FROM = old
+
+
 def test_corrupt_contents_raise():
     enc = encode(np.arange(5000, dtype=np.int64), "zstd", block_bytes=1024)
     stored = as_stored(enc.buffers)
