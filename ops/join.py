@@ -101,6 +101,11 @@ def product_chunks(lb: Block, rb: Block, li_key: np.ndarray, ri_key: np.ndarray,
     lstart, nl = lb.key_bounds[li_key], np.diff(lb.key_bounds)[li_key]
     rstart, nr = rb.key_bounds[ri_key], np.diff(rb.key_bounds)[ri_key]
     if (nr == 1).all():   # many-to-one (a foreign key): each left row meets one right row
+        if (nl == 1).all():   # one-to-one: the matched keys' rows are the rows
+            for lo in range(0, len(li_key), batch_rows):
+                hi = lo + batch_rows
+                yield li_key[lo:hi], lstart[lo:hi], rstart[lo:hi]
+            return
         kidx = np.repeat(li_key, nl)
         li = ranges(lstart, nl)
         ri = np.repeat(rstart, nl)

@@ -56,8 +56,11 @@ class Block:
         return self.keys.take(np.repeat(np.arange(self.num_keys), reps))
 
 
-def _block(keys: pa.Table, vals, counts, times=None) -> Block:
-    starts = key_starts(keys)
+def _block(keys: pa.Table, vals, counts, times=None, starts: np.ndarray | None = None
+           ) -> Block:
+    """``starts``: where each key's rows start (plus the end), when the reader knows."""
+    if starts is None:
+        starts = key_starts(keys)
     distinct = keys if len(starts) - 1 == keys.num_rows else keys.take(starts[:-1])
     return Block(distinct, starts, vals, counts, times)
 
@@ -69,13 +72,13 @@ def empty_block(key_schema: pa.Schema, val_schema: pa.Schema | None, changes=Fal
 
 
 def _snapshot_block(upd: Updates, at: int | None, single_source: bool = False,
-                    bag: bool = False) -> Block:
+                    bag: bool = False, starts: np.ndarray | None = None) -> Block:
     t = upd.times
     if single_source and len(t) and t[0] == t[-1] and (at is None or t[0] <= at) \
             and bool(np.all(t == t[0])):
         # one batch's rows, all at one time: sorted and consolidated, so each (key, val)
         # is one row already and its diff is its count -- nothing to sort or sum
-        return _block(upd.keys, upd.vals, upd.diffs)
+        return _block(upd.keys, upd.vals, upd.diffs, starts=starts)
     if bag and len(t) and (at is None or t.max() <= at) and upd.diffs.min() > 0:
         # a bag reader (a join that expands its output) needs each key's rows together,
         # not each (key, val) summed into one row: sorting the concatenated runs by key
@@ -90,12 +93,13 @@ def _snapshot_block(upd: Updates, at: int | None, single_source: bool = False,
 
 
 def _changes_block(upd: Updates, since: int, upto: int | None, frontier: int,
-                   single_source: bool = False) -> Block:
+                   single_source: bool = False, starts: np.ndarray | None = None) -> Block:
     # times not yet advanced by a merge are reported as a merge would: max(time, frontier)
     if not (single_source and (len(upd) == 0 or upd.times.min() >= frontier)):
-        upd = consolidate(upd, frontier)   # one batch's rows are consolidated already
-    upd = filter_times(upd, since, upto)
-    return _block(upd.keys, upd.vals, upd.diffs, upd.times)
+        upd, starts = consolidate(upd, frontier), None  # one batch's are consolidated already
+    kept = filter_times(upd, since, upto)
+    return _block(kept.keys, kept.vals, kept.diffs, kept.times,
+                  starts if kept is upd else None)
 
 
 def _may_matter(batch, at, changes, frontier) -> bool:
@@ -134,13 +138,14 @@ def co_blocks(traces: list, at: int | None = None,
     for step in reader:
         out = []
         for i, t in enumerate(traces):
-            upd = step_updates(step, i)
-            if upd is None:
+            mine = [(u, s) for tag, u, s in step if tag == i]
+            if not mine:
                 out.append(empty_block(t.key_schema, t.val_schema, changes is not None))
-            else:
-                single = sum(1 for tag, _ in step if tag == i) == 1
-                out.append(_snapshot_block(upd, at, single, bag) if changes is None
-                           else _changes_block(upd, *changes, t.since, single))
+                continue
+            single = len(mine) == 1
+            upd, starts = mine[0] if single else (step_updates(step, i), None)
+            out.append(_snapshot_block(upd, at, single, bag, starts) if changes is None
+                       else _changes_block(upd, *changes, t.since, single, starts))
         if any(len(b) for b in out):
             yield tuple(out)
 

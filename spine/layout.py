@@ -163,6 +163,44 @@ def from_layout(part: PartLayout) -> Updates:
     return Updates(_repeat_rows(part.keys, per_key), vals, times, diffs)
 
 
+def expand_singleton(keys: pa.Table, key_bounds: np.ndarray, vals: pa.Table | None,
+                     time, diff) -> tuple[Updates, np.ndarray]:
+    """A part storing one (time, diff) for all, expanded, and where each key's rows start.
+
+    With a single stored update every leaf holds exactly one (a bound either stores it
+    or repeats it), so the leaf bounds need not even be read: a (key, val) is a row, and
+    a key's rows are its vals.
+    """
+    if vals is None:
+        n = keys.num_rows
+        starts = np.arange(n + 1, dtype=np.int64)
+    else:
+        n = vals.num_rows
+        starts = key_bounds.astype(np.int64)
+        if len(starts) != keys.num_rows + 1 or starts[0] != 0 or starts[-1] != n:
+            raise ValueError(f"corrupt part: key bounds ({len(starts)}, ending at {starts[-1]}) do not "
+                             f"span {keys.num_rows} keys and {n} vals")
+        if n != keys.num_rows:
+            keys = repeat_rows(keys, np.diff(starts))
+    return Updates(keys, vals, np.full(n, time, dtype=np.uint64),
+                   np.full(n, diff, dtype=np.int64)), starts
+
+
+def repeat_rows(table: pa.Table, counts: np.ndarray) -> pa.Table:
+    """Each row ``counts[i]`` times; one numpy repeat per fixed-width column without
+    nulls (a single pass, where an index take would be two)."""
+    arrays = []
+    for col in table.columns:
+        arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+        t = arr.type
+        if arr.null_count == 0 and (pa.types.is_integer(t) or pa.types.is_floating(t)):
+            arrays.append(pa.array(np.repeat(arr.to_numpy(), counts), t))
+        else:
+            idx = pa.array(np.repeat(np.arange(len(arr), dtype=np.int64), counts))
+            arrays.append(arr.take(idx))
+    return pa.Table.from_arrays(arrays, schema=table.schema)
+
+
 def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Concatenation of ``arange(s, s + n)`` for each (s, n), without a Python loop."""
     lengths = lengths.astype(np.int64, copy=False)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.spine.layout import PartLayout, from_layout
+from arrangedb.spine.layout import PartLayout, expand_singleton, from_layout
 from arrangedb.spine.updates import Updates
 
 _FIELDS = ("keys", "key_bounds", "vals", "val_bounds", "times", "diffs")
@@ -88,7 +88,11 @@ class Part:
         return self.layout()
 
     def read(self) -> tuple[Updates, np.ndarray]:
+        """The part's updates, one row each, and where each key's rows start."""
         layout = self.layout()
+        if len(layout.times) == 1:
+            return expand_singleton(layout.keys, layout.key_bounds, layout.vals,
+                                    layout.times[0], layout.diffs[0])
         return from_layout(layout), key_starts_of(layout)
 
     def release(self) -> None:
@@ -111,6 +115,21 @@ class PagedPart(Part):
     columns: dict = field(default_factory=dict, repr=False)  # field -> list of region names
     schemas: tuple = field(default=(None, None), repr=False)
     cache: object = field(default=None, repr=False)   # the engine's BlockCache, if any
+
+    def read(self) -> tuple[Updates, np.ndarray]:
+        cols = self._decode(("times", "diffs"), None)
+        # under one stored (time, diff) the leaf bounds say nothing: not even decoded
+        singleton = len(cols["times"]) == 1
+        keyed = not singleton or self.columns.get("vals") is not None
+        rest = ("keys", "vals") + (("key_bounds",) if keyed else ()) + \
+            (() if singleton else ("val_bounds",))
+        cols.update((k, v) for k, v in self._decode(rest, None).items() if k in rest)
+        self.release()  # the bytes were copied out: let the mapped pages go now
+        layout = self._assemble(cols)
+        if singleton:
+            return expand_singleton(layout.keys, layout.key_bounds, layout.vals,
+                                    layout.times[0], layout.diffs[0])
+        return from_layout(layout), key_starts_of(layout)
 
     def layout(self) -> PartLayout:
         # a scan reads each block once: through the cache it would only evict the blocks

@@ -73,12 +73,18 @@ class BatchReader:
         end = int(self._key_starts[min(i, len(self._key_starts) - 1)])
         return upd.slice(self._pos, end)
 
-    def take(self, n: int) -> Updates:
-        out = self._updates.slice(self._pos, self._pos + n)
-        self._pos += n
+    def take(self, n: int) -> tuple[Updates, np.ndarray | None]:
+        """The next ``n`` rows, and where their keys start (plus the end) when the rows
+        end at a key boundary -- as windows and bounds cut them -- else None."""
+        lo, hi = self._pos, self._pos + n
+        out = self._updates.slice(lo, hi)
+        ks = self._key_starts
+        i, j = np.searchsorted(ks, [lo, hi])
+        starts = ks[i:j + 1] - lo if j < len(ks) and ks[i] == lo and ks[j] == hi else None
+        self._pos = hi
         if self._pos >= len(self._updates):
             self._advance()
-        return out
+        return out, starts
 
     def close(self) -> None:
         self._drop_current()
@@ -98,7 +104,7 @@ class MergedReader:
         # budget, so a wide merge costs no more memory than a narrow one
         self.window_rows = max(1024, self.window_rows * 4 // max(4, len(self._sources)))
 
-    def __iter__(self) -> Iterator[list[tuple[int, Updates]]]:
+    def __iter__(self) -> Iterator[list[tuple[int, Updates, np.ndarray | None]]]:
         try:
             while True:
                 live = [(r, t) for r, t in self._sources if not r.exhausted]
@@ -111,7 +117,7 @@ class MergedReader:
                 for (r, tag), w in zip(live, windows):
                     n = len(w) if r is live[j][0] else count_through(w.keys, bound)
                     if n:
-                        step.append((tag, r.take(n)))
+                        step.append((tag, *r.take(n)))
                 yield step
         finally:
             self.close()
@@ -121,9 +127,10 @@ class MergedReader:
             r.close()
 
 
-def step_updates(step: list[tuple[int, Updates]], tag: int | None = None) -> Updates | None:
+def step_updates(step: list[tuple[int, Updates, np.ndarray | None]], tag: int | None = None
+                 ) -> Updates | None:
     """Concatenate one step's slices (of one tag, or all); None when there are none."""
-    parts = [u for t, u in step if tag is None or t == tag]
+    parts = [u for t, u, _ in step if tag is None or t == tag]
     if not parts:
         return None
     return Updates.concat(parts)

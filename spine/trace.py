@@ -245,26 +245,38 @@ class Trace:
         if n == 0:
             return schema.empty_table()
         qc = codes([queries], self.key_names)[0]
-        order = sort_order(qc)
-        sorted_q = queries.take(order)
+        distinct_sorted = bool((qc[1:] > qc[:-1]).all())   # a join's keys: nothing to sort
+        order = np.arange(n) if distinct_sorted else sort_order(qc)
+        sorted_q = queries if distinct_sorted else queries.take(order)
         sq = qc[order]
         first = np.ones(n, dtype=bool)
         first[1:] = sq[1:] != sq[:-1]
         uniq_pos = np.flatnonzero(first)            # positions (in sorted order) of distinct keys
-        uq = sorted_q.take(uniq_pos)                 # distinct query keys, sorted
+        uq = sorted_q if distinct_sorted else sorted_q.take(uniq_pos)  # distinct, sorted
         found: list[Updates] = []
         found_u: list[np.ndarray] = []
+        sources = 0
         for batch in self.spine.batches():
             if at is None or batch.description.lower <= max(at, self.since):
+                before = len(found)
                 self._lookup_batch(batch, uq, found, found_u)
+                sources += len(found) > before
         if not found:
             return schema.empty_table()
         upd = Updates.concat(found)
         u = np.concatenate(found_u)
-        # accumulate per (distinct query, val): the distinct query index acts as the key
-        acc_keys = pa.table({"__u": u})
-        k_u, vals, counts = accumulate(Updates(acc_keys, upd.vals, upd.times, upd.diffs), at)
-        u_rows = k_u.column(0).to_numpy()
+        t = upd.times
+        if sources == 1 and len(t) and t[0] == t[-1] and (at is None or t[0] <= at) \
+                and bool(np.all(t == t[0])):
+            # one batch at one time: consolidated, in query order, a count per (key, val)
+            u_rows, vals, counts = u, upd.vals, upd.diffs
+        else:
+            # accumulate per (distinct query, val): the distinct query index acts as the key
+            acc_keys = pa.table({"__u": u})
+            k_u, vals, counts = accumulate(Updates(acc_keys, upd.vals, upd.times, upd.diffs), at)
+            u_rows = k_u.column(0).to_numpy()
+        if distinct_sorted:     # each query is its own distinct key: rows are in query order
+            return _record_table(schema, u_rows, uq.take(u_rows), vals, counts)
         # expand to every query row (duplicates included), ordered by query_index
         group_of_sorted = np.cumsum(first) - 1       # distinct index of each sorted query
         lo = np.searchsorted(u_rows, np.arange(len(uniq_pos)), side="left")

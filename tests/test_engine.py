@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -150,3 +151,55 @@ def test_public_names():
     for name in ["Engine", "Trace", "TraceHandle", "SchemaError", "MemoryBudget",
                  "BudgetExceeded", "SpillError", "PageFileError"]:
         assert getattr(arrangedb, name) is not None
+
+
+@pytest.mark.parametrize("history", ["one batch", "two batches", "merged"])
+def test_lookup_of_sorted_distinct_keys_matches_the_general_path(engine, history):
+    """Sorted distinct queries (a join's) skip the sort and, from one batch at one time,
+    the accumulation: the same rows as queries that go the general way."""
+    rng = np.random.default_rng(3)
+    n = 20_000
+    t = engine.arrange(pa.table({"k": rng.integers(0, 5_000, n), "v": rng.integers(0, 4, n)}),
+                       key=["k"], vals=["v"])
+    if history != "one batch":
+        t.insert(pa.table({"k": rng.integers(0, 5_000, 500), "v": rng.integers(0, 4, 500),
+                           "time": pa.array(np.ones(500, np.uint64)),
+                           "diff": rng.choice([-1, 1], 500)}), time="time", diff="diff")
+    if history == "merged":
+        t.merge_all()
+    assert t.stats()["batches"] == (2 if history == "two batches" else 1)
+    q = np.unique(rng.integers(-10, 5_100, 3_000))
+    for at in (0, 1):
+        fast = t.lookup(pa.table({"k": q}), at=at)
+        general = t.lookup(pa.table({"k": np.append(q, q[:1])}), at=at)   # a duplicate
+        general = general.filter(pc.less(general["query_index"], len(q)))
+        assert fast.num_rows > 0
+        assert fast.equals(general)
+        snap = t.snapshot(at).read_all().to_pydict()
+        wanted = set(q.tolist())
+        expected = sorted((k, v, c) for k, v, c in zip(snap["k"], snap["v"], snap["count"])
+                          if k in wanted)
+        got = fast.to_pydict()
+        assert sorted(zip(got["k"], got["v"], got["count"])) == expected
+        assert [q[i] for i in got["query_index"]] == got["k"]
+        assert fast["query_index"].to_numpy().tolist() == sorted(fast["query_index"].to_numpy())
+
+
+@pytest.mark.parametrize("vals", [["v"], []])
+def test_cursor_blocks_know_their_key_bounds_across_parts_and_windows(engine, vals):
+    """Blocks of a many-part batch, read in small windows, carry the key bounds their
+    reader knew from the layout: the same as found by comparing the rows' keys."""
+    from arrangedb.spine.kernels import key_starts
+
+    rng = np.random.default_rng(5)
+    n = 60_000 if vals else 400_000
+    table = pa.table({"k": rng.integers(0, n // 9 if vals else n * 10, n),
+                      "v": rng.integers(0, 50, n)})
+    t = engine.arrange(table.select(["k"] + vals), key=["k"], vals=vals)
+    t.merge_all()
+    assert t.stats()["parts"] > 1
+    seen = 0
+    for block in t.cursor(window_rows=1000):
+        assert np.array_equal(block.key_bounds, key_starts(block.row_keys()))
+        seen += len(block)
+    assert seen == t.snapshot().read_all().num_rows
