@@ -70,7 +70,8 @@ class _Task:
 
 
 class SideBuilder:
-    """Buffers one side's rows and arranges them in chunks of about a sixteenth of the budget."""
+    """Buffers one side's rows and sorts them into runs in chunks of about a sixteenth of
+    the budget; the runs enter the trace together when the side is complete."""
 
     def __init__(self, engine, keys: list[str], vals: list[str], schema: pa.Schema):
         self.engine, self.keys, self.vals, self.schema = engine, keys, vals, schema
@@ -78,6 +79,7 @@ class SideBuilder:
         self.buffered: list[pa.RecordBatch] = []
         self.size = 0
         self.trace = None
+        self.appender = None
 
     def add(self, rb: pa.RecordBatch) -> None:
         if rb.num_rows == 0:
@@ -94,9 +96,10 @@ class SideBuilder:
         table = pa.Table.from_batches(self.buffered, schema=self.schema)
         try:
             if self.trace is None:
-                self.trace = self.engine.arrange(table, key=self.keys, vals=self.vals)
-            else:
-                self.trace.insert(table)
+                self.trace = self.engine.arrange(table.slice(0, 0), key=self.keys,
+                                                 vals=self.vals)
+                self.appender = self.trace.appender()
+            self.appender.add(table)
         finally:
             self.engine.budget.release(self.size, "spark input buffer")
             self.buffered, self.size = [], 0
@@ -104,6 +107,7 @@ class SideBuilder:
     def done(self):
         if self.buffered or self.trace is None:
             self.flush()
+        self.appender.finish()
         return self.trace
 
 

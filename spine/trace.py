@@ -94,9 +94,15 @@ class Trace:
                            diff if diff is not None else self.columns.diff)
         self.spine.insert_runs(runs)
 
-    def _build(self, data, time: str | None, diff: str | None) -> list[Batch]:
+    def appender(self) -> "Appender":
+        """A loader for data that arrives in chunks (see :class:`Appender`)."""
+        self._check_open()
+        return Appender(self)
+
+    def _build(self, data, time: str | None, diff: str | None, merge: bool = True
+               ) -> list[Batch]:
         """Sorted runs within the budget, at most ``_READ_FAN_IN`` of them (merged down
-        when there are more); the spine is untouched."""
+        when there are more, unless ``merge`` is False); the spine is untouched."""
         schema, stream = open_batches(data)
         Columns.resolve(schema, self.key_names, self.val_names, time, diff)  # fail early
         cols = Columns(self.key_names, self.val_names or None, time, diff)
@@ -123,7 +129,8 @@ class Trace:
                 runs.append(self._seal_run(buffered, reserved))
         finally:
             self.ctx.release(size)
-        runs = self._merge_down(runs)
+        if merge:
+            runs = self._merge_down(runs)
         self.ctx.settle()   # sorting left big freed blocks with the allocators
         return runs
 
@@ -350,6 +357,30 @@ class Trace:
         if not self._closed:
             self._closed = True
             self.spine.close()
+
+
+class Appender:
+    """Fills a trace from chunks as one input: each chunk is sorted into runs as it comes,
+    and the runs enter the spine together at ``finish`` (merged down only to the read
+    fan-in). One ``insert`` per chunk would instead introduce each chunk as a batch and
+    pay the spine's merge fuel every time -- work a trace that is filled once and then
+    read never needs.
+    """
+
+    def __init__(self, trace: Trace):
+        self.trace = trace
+        self.runs: list[Batch] = []
+
+    def add(self, data, time: str | None = None, diff: str | None = None) -> None:
+        t = self.trace
+        t._check_open()
+        self.runs += t._build(data, time if time is not None else t.columns.time,
+                              diff if diff is not None else t.columns.diff, merge=False)
+
+    def finish(self) -> None:
+        runs, self.runs = self.trace._merge_down(self.runs), []
+        self.trace.spine.insert_runs(runs)
+        self.trace.ctx.settle()
 
 
 class TraceHandle:

@@ -203,3 +203,24 @@ def test_cursor_blocks_know_their_key_bounds_across_parts_and_windows(engine, va
         assert np.array_equal(block.key_bounds, key_starts(block.row_keys()))
         seen += len(block)
     assert seen == t.snapshot().read_all().num_rows
+
+
+def test_appender_fills_a_trace_from_chunks_without_merging_them(engine):
+    rng = np.random.default_rng(9)
+    chunks = [pa.table({"k": rng.integers(0, 300, 2_000), "v": rng.integers(0, 5, 2_000)})
+              for _ in range(5)]
+    whole = engine.arrange(pa.concat_tables(chunks), key=["k"], vals=["v"])
+    t = engine.arrange(chunks[0].slice(0, 0), key=["k"], vals=["v"])
+    load = t.appender()
+    for c in chunks:
+        load.add(c)
+    assert t.stats()["updates"] == 0           # nothing visible before finish
+    load.finish()
+    assert t.stats()["batches"] == 5           # five runs, read k-way: no merge work done
+    assert t.snapshot().read_all().equals(whole.snapshot().read_all())
+    t.insert(chunks[0])                         # and it stays an ordinary trace
+    got = t.lookup(pa.table({"k": [7]}))
+    want = whole.lookup(pa.table({"k": [7]}))
+    assert (pc.sum(got["count"]).as_py()
+            == pc.sum(want["count"]).as_py()
+            + int(((chunks[0]["k"].to_numpy()) == 7).sum()))
