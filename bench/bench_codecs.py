@@ -46,7 +46,7 @@ APPLICABLE = {
     "status": ["plain", "dict", "zstd", "auto"],
     "priority": ["plain", "dict", "zstd", "auto"],
     "orderdate": ["plain", "for", "dict", "zstd", "auto"],
-    "totalprice": ["plain", "zstd", "auto"],
+    "totalprice": ["plain", "decimal", "zstd", "auto"],
     "comment": ["plain", "zstd", "auto"],
     "orderkey": ["plain", "for", "zstd", "auto"],
     "bounds_stride": ["plain", "offsets", "auto"],
@@ -168,7 +168,7 @@ def test_codec(benchmark, columns, summary, column, codec):
         return
     if column in LOW_CARDINALITY and enc.codec == "dict":
         assert ratio >= MIN_LOW_CARD_RATIO, row
-    fast = enc.codec in ("plain", "dict") or (
+    fast = enc.codec in ("plain", "dict", "decimal") or (
         enc.codec == "offsets" and enc.meta["form"] in ("stride", "const"))
     if fast:
         assert row["decode_mbs"] >= MIN_FAST_DECODE_MBS, row

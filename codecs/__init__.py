@@ -8,7 +8,8 @@ need where the codec allows it. A codec that does not apply to the input (``offs
 strings, ``for`` on floats...) falls back to ``plain``; ``Encoded.codec`` says which was
 used. Every failure to decode is a ``CodecError``.
 
-Codecs: ``plain``, ``offsets``, ``dict``, ``for``, ``zstd``; ``auto`` is ``choose_codec``.
+Codecs: ``plain``, ``offsets``, ``dict``, ``for``, ``decimal``, ``zstd``; ``auto`` is
+``choose_codec``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import zstandard
 
 from arrangedb.codecs.base import REGISTRY, CodecError, Encoded, lookup
 from arrangedb.codecs.plain import PLAIN
-from arrangedb.codecs import dictionary, frame, offsets, zstd_blocks  # noqa: F401  (register)
+from arrangedb.codecs import decimal, dictionary, frame, offsets, zstd_blocks  # noqa: F401  (register)
 from arrangedb.codecs.choose import choose_codec
 
 CODECS = REGISTRY

@@ -8,7 +8,10 @@ Rules (in order):
   ~4096 suggests few distinct values and an exact count confirms <= n/8 and <= 65536;
   the smaller estimate wins;
 - strings/binaries: ``dict`` on the same test, else ``zstd`` when a sample compresses
-  >= 1.5x, else ``plain``; floats: ``zstd`` or ``plain`` on the same sample test.
+  >= 1.5x, else ``plain``;
+- float64 whose values are exact decimals of <= 6 digits (amounts, prices): ``decimal``
+  when the scaled integers fit in 4 bytes or fewer; other floats: ``zstd`` or ``plain``
+  on the same sample test.
 
 Everything is vectorized: full passes are numpy/Arrow kernels (min/max, a monotonicity
 test, a hashed distinct count), and the compressibility test compresses ~32 KiB.
@@ -21,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from arrangedb.codecs.base import binary_offset_dtype, int_storage_dtype, is_arrow
+from arrangedb.codecs.decimal import decimal_width
 from arrangedb.codecs.dictionary import code_bits
 from arrangedb.codecs.frame import for_plan, int_values
 from arrangedb.codecs.plain import encode_parts
@@ -128,7 +132,7 @@ def choose_codec(values) -> str:
         if kind in "iu":
             return _choose_int(values, None, True)
         if kind == "f":
-            return "zstd" if compresses(values) else "plain"
+            return _choose_float(values)
         return "plain"
     if not is_arrow(values):
         return "plain"
@@ -139,5 +143,14 @@ def choose_codec(values) -> str:
         vals, valid = int_values(values)[:2]
         return _choose_int(vals, valid, False)
     if pa.types.is_floating(t) and values.null_count < n:
-        return "zstd" if compresses(values) else "plain"
+        return _choose_float(values)
     return "plain"
+
+
+def _choose_float(values) -> str:
+    """``decimal`` for amounts and prices (exact scaled integers) when it halves them at
+    least -- ten times faster than zstd both ways; else zstd if it compresses."""
+    width = decimal_width(values)
+    if width is not None and width * 2 <= 8:     # decimal applies to float64 only
+        return "decimal"
+    return "zstd" if compresses(values) else "plain"

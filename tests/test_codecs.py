@@ -15,7 +15,7 @@ from arrangedb.codecs import (
     CODECS, CodecError, Encoded, choose_codec, decode, decode_range, encode, take,
 )
 
-NAMES = ["plain", "offsets", "dict", "for", "zstd"]
+NAMES = ["plain", "offsets", "dict", "for", "decimal", "zstd"]
 SETTINGS = settings(max_examples=200, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -45,11 +45,17 @@ def assert_same(out, values):
         assert isinstance(out, np.ndarray)
         assert out.dtype == values.dtype
         assert np.array_equal(out, values, equal_nan=values.dtype.kind == "f")
+        if values.dtype.kind == "f":     # bit for bit: -0.0 is not 0.0, NaN payloads kept
+            bits = np.dtype(f"u{values.dtype.itemsize}")
+            assert np.array_equal(out.view(bits), values.view(bits))
     else:
         assert isinstance(out, pa.Array)
         assert out.type == values.type
         assert out.null_count == values.null_count
         assert out.equals(values), (out, values)
+        if pa.types.is_floating(values.type) and len(values):
+            zero = pa.scalar(0, values.type)
+            assert_same(out.fill_null(zero).to_numpy(), values.fill_null(zero).to_numpy())
 
 
 # -- strategies ----------------------------------------------------------------------------
@@ -129,7 +135,23 @@ def arrow_arrays(draw, max_size=200, kinds=tuple(ARROW_TYPES)):
     return arr
 
 
-ANY_ARRAY = st.one_of(numpy_ints(), numpy_offsets(), arrow_arrays(),
+@st.composite
+def decimals(draw, max_size=300):
+    """Amounts and prices: integers over a power of ten (decimal's case), some with a
+    stray non-decimal, a -0.0 or a NaN; numpy, or Arrow with nulls."""
+    digits = draw(st.integers(0, 7))
+    ints = draw(st.lists(st.integers(-10**12, 10**12), max_size=max_size))
+    xs = [i / 10.0 ** digits for i in ints]
+    if xs and draw(st.booleans()):
+        xs[draw(st.integers(0, len(xs) - 1))] = draw(st.sampled_from(
+            [-0.0, float("nan"), 0.1 + 0.2, 1e300, float("inf")]))
+    if draw(st.booleans()):
+        return np.array(xs, np.float64)
+    return pa.array([None if draw(st.booleans()) and i % 3 == 0 else x
+                     for i, x in enumerate(xs)], pa.float64())
+
+
+ANY_ARRAY = st.one_of(numpy_ints(), numpy_offsets(), arrow_arrays(), decimals(),
                       st.lists(st.floats(width=64), max_size=100).map(
                           lambda xs: np.array(xs, np.float64)))
 
@@ -342,6 +364,8 @@ TRUNCATABLE = [
     (pa.array(["abc", None, "de"] * 100), "dict"),
     (pa.array(["abc", None, "de"] * 100), "zstd"),
     (pa.array([1, None, 300] * 100, pa.int64()), "for"),
+    (np.random.default_rng(8).integers(0, 10**6, 1000) / 100, "decimal"),
+    (pa.array([1.25, None, 300.5] * 100, pa.float64()), "decimal"),
     (pa.array([[1], None] * 10), "plain"),
 ]
 
@@ -451,7 +475,13 @@ def test_choose_other_columns():
     assert choose_codec(rng.integers(0, 2**63, 10_000)) == "plain"  # random wide ints
     assert choose_codec(rng.choice(np.array([3, 10**15, -(10**17)]), 10_000)) == "dict"
     assert choose_codec(pa.array(rng.random(10_000))) == "plain"
-    assert choose_codec(pa.array(np.round(rng.random(10_000), 2))) in ("zstd", "plain")
+    prices = np.round(rng.uniform(1, 500_000, 10_000), 2)
+    assert choose_codec(pa.array(prices)) == "decimal"       # 2 decimals: 4-byte integers
+    assert choose_codec(prices) == "decimal"
+    enc = encode(prices)
+    assert enc.meta["digits"] == 2 and enc.nbytes <= prices.nbytes // 2
+    assert choose_codec(np.round(rng.uniform(0, 1e12, 10_000), 6)) != "decimal"  # > 4 bytes
+    assert choose_codec(np.append(prices, -0.0)) != "decimal"
     words = np.array(["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"])
     comments = pa.array([" ".join(rng.choice(words, 6)) + str(i) for i in range(5000)])
     assert choose_codec(comments) == "zstd"

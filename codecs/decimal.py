@@ -1,0 +1,152 @@
+"""decimal: floats that are decimals of a few digits (prices, amounts) as scaled integers.
+
+Design
+------
+A float64 column whose every value ``x`` comes back bit for bit from
+``m = rint(x * 10**p)`` as ``m / 10**p`` (for one ``p`` in 0..MAX_DIGITS) is stored as the
+integers ``m``, frame-of-reference encoded (:mod:`arrangedb.codecs.frame`): an amount
+with two decimals below 5e7 takes 4 bytes instead of 8, encodes at GB/s where zstd
+manages ~200 MB/s on such floats, and decodes with one conversion and one division.
+Decoding is exact because the encoder checks exactly the division the decoder does.
+NaN, infinities and -0.0 never pass that check, so columns holding them are not
+applicable (``plain`` or ``zstd`` take them). Arrow float64 arrays keep their nulls as a
+validity bitmap; the integer under a null is 0.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from arrangedb.codecs.base import (
+    Codec, Encoded, arrow_meta, as_u8, check, clamp_range, is_arrow, meta_dtype, meta_length,
+    narrow_uint, normalize_arrow, numpy_meta, register, str_to_type, valid_mask, validity_of,
+)
+from arrangedb.codecs.frame import FOR
+
+MAX_DIGITS = 6
+_EXACT = float(1 << 53)      # |m| below this: int64 <-> float64 is exact
+
+
+def _back(m: np.ndarray, digits: int) -> np.ndarray:
+    """The decoder's computation; the encoder checks its own output through it."""
+    return m / np.float64(10.0 ** digits)
+
+
+def _exact(x: np.ndarray, digits: int) -> bool:
+    """Does every value of ``x`` come back bit for bit through ``digits`` decimals?"""
+    if len(x) == 0:
+        return True
+    hi = float(np.abs(x).max())       # NaN and inf: not finite, never exact
+    if not np.isfinite(hi) or hi * 10.0 ** digits >= _EXACT:
+        return False
+    m = np.rint(x * np.float64(10.0 ** digits)).astype(np.int64)   # -0.0 becomes 0 here
+    return np.array_equal(_back(m, digits).view(np.int64), x.view(np.int64))
+
+
+def decimal_digits(values) -> int | None:
+    """The fewest digits that give a float64 column (numpy, or Arrow: its valid values)
+    back exactly, else None. A strided sample of 1024 values rules out most non-decimal
+    columns (and finds the digits) before the whole column is checked."""
+    got = _floats(values)
+    if got is None:
+        return None
+    x = got[0] if got[1] is None else got[0][got[1]]
+    sample = x[:: max(1, len(x) // 1024)]
+    first = next((d for d in range(MAX_DIGITS + 1) if _exact(sample, d)), None)
+    if first is None:
+        return None
+    return next((d for d in range(first, MAX_DIGITS + 1) if _exact(x, d)), None)
+
+
+def _floats(values):
+    """(float64 values, valid mask or None) of an applicable input, else None."""
+    if isinstance(values, np.ndarray):
+        if values.ndim != 1 or values.dtype != np.float64:
+            return None
+        return values, None
+    if not is_arrow(values) or values.type != pa.float64():
+        return None
+    arr = normalize_arrow(values)
+    n = len(arr)
+    data = np.frombuffer(arr.buffers()[1], np.float64, count=n) if n else np.empty(0)
+    return data, valid_mask(arr)
+
+
+class Decimal(Codec):
+    name = "decimal"
+
+    def encode(self, values, digits: int | None = None, **options):
+        got = _floats(values)
+        if got is None:
+            return None
+        x, valid = got
+        if digits is None:
+            digits = decimal_digits(values)
+        elif not _exact(x if valid is None else x[valid], digits):
+            digits = None
+        if digits is None:
+            return None
+        m = np.rint(x * np.float64(10.0 ** digits))
+        if valid is not None:
+            m[~valid] = 0
+        ints = FOR.encode(m.astype(np.int64))
+        buffers = []
+        if is_arrow(values):
+            meta = arrow_meta(normalize_arrow(values))
+            bitmap = validity_of(normalize_arrow(values))
+            meta["validity"] = bitmap is not None
+            if bitmap is not None:
+                buffers.append(bitmap)
+        else:
+            meta = numpy_meta(x)
+        meta.update(digits=digits, ints=ints.meta)
+        return Encoded(self.name, self.version, meta, buffers + ints.buffers)
+
+    def decode(self, version, meta, buffers):
+        return self.decode_range(version, meta, buffers, 0, None)
+
+    def decode_range(self, version, meta, buffers, start, stop):
+        n = meta_length(meta)
+        digits = meta["digits"]
+        check(isinstance(digits, int) and 0 <= digits <= MAX_DIGITS,
+              f"bad decimal digits {digits!r}")
+        if meta["kind"] == "numpy":
+            check(meta_dtype(meta) == np.float64, "decimal decodes float64 only")
+            start, stop = clamp_range(n, start, stop)
+            ints = FOR.decode_range(FOR.version, meta["ints"], buffers, start, stop)
+            check(ints.dtype == np.int64 and len(ints) == stop - start, "decimal ints")
+            return _back(ints, digits)
+        check(meta["kind"] == "arrow", f"unknown kind {meta.get('kind')!r}")
+        if (start, stop) != (0, None):
+            return super().decode_range(version, meta, buffers, start, stop)
+        check(str_to_type(meta["type"]) == pa.float64(), "decimal decodes float64 only")
+        buffers = list(buffers)
+        validity = None
+        if meta["validity"]:
+            check(buffers, "missing validity bitmap")
+            validity = as_u8(buffers.pop(0))
+            check(validity.nbytes >= (n + 7) // 8, "validity bitmap is short")
+            validity = pa.py_buffer(validity)
+        ints = FOR.decode(FOR.version, meta["ints"], buffers)
+        check(ints.dtype == np.int64 and len(ints) == n, "decimal ints do not match the length")
+        return pa.Array.from_buffers(pa.float64(), n, [validity, pa.py_buffer(_back(ints, digits))],
+                                     null_count=-1 if validity is not None else 0)
+
+
+DECIMAL = register(Decimal())
+
+
+def decimal_width(values) -> int | None:
+    """Bytes per value ``decimal`` stores for ``values``, or None when it does not apply
+    (for ``choose_codec``)."""
+    digits = decimal_digits(values)
+    if digits is None:
+        return None
+    x, valid = _floats(values)
+    live = x if valid is None else x[valid]
+    if len(live) == 0:
+        return 0
+    scale = 10.0 ** digits
+    lo, hi = np.rint(live.min() * scale), np.rint(live.max() * scale)
+    return narrow_uint(int(hi - lo)).itemsize if hi != lo else 0
