@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.spine.order import (absolute_codes, codes, count_le, is_absolute, row_starts,
+from arrangedb.spine.order import (absolute_codes, codes, count_le, is_absolute,
                                    sort_rows, sorted_row_starts)
 from arrangedb.spine.updates import Updates
 
@@ -58,11 +58,7 @@ def consolidate(upd: Updates, since: int | None = None, presorted_runs: bool = F
         times = np.maximum(times, np.uint64(since))
     kc, vcs = _key_val_codes(upd)
     constant_time = bool(times[0] == times[-1] and np.all(times == times[0]))
-    order, repeats = sort_rows(kc, vcs, None if constant_time else times, presorted_runs)
-    starts = _distinct_starts(order, kc, vcs, None if constant_time else times) if repeats \
-        else None
-    if starts is None:
-        starts = np.arange(n)
+    order, starts = sort_rows(kc, vcs, None if constant_time else times, presorted_runs)
     diffs = upd.diffs
     constant_diff = len(starts) == n and bool(np.all(diffs == diffs[0]))
     if constant_diff:
@@ -82,12 +78,6 @@ def consolidate(upd: Updates, since: int | None = None, presorted_runs: bool = F
     return Updates(keys, vals, out_times, sums)
 
 
-def _distinct_starts(order, kc, vcs, times) -> np.ndarray:
-    """Where distinct (key, vals, time) rows begin along ``order``."""
-    parts = [c[order] for c in [kc, *vcs, times] if c is not None]
-    return row_starts(*parts)
-
-
 def accumulate(upd: Updates, at: int | None) -> tuple[pa.Table, pa.Table | None, np.ndarray]:
     """Consolidated counts per (key, val) at time ``at`` (None: every time), sorted.
 
@@ -101,8 +91,7 @@ def accumulate(upd: Updates, at: int | None) -> tuple[pa.Table, pa.Table | None,
     if n == 0:
         return upd.keys, upd.vals, upd.diffs
     kc, vcs = _key_val_codes(upd)
-    order, repeats = sort_rows(kc, vcs, None, presorted_runs=True)
-    starts = _distinct_starts(order, kc, vcs, None) if repeats else np.arange(n)
+    order, starts = sort_rows(kc, vcs, None, presorted_runs=True)
     d_s = upd.diffs[order]
     sums = d_s if len(starts) == n else np.add.reduceat(d_s, starts)
     keep = np.flatnonzero(sums != 0)

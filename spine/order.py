@@ -238,33 +238,49 @@ def _bits(x: np.ndarray) -> tuple[int, np.ndarray]:
 
 
 def sort_rows(kc: np.ndarray, vc, times: np.ndarray | None,
-              presorted_runs: bool = False) -> tuple[np.ndarray, bool]:
-    """An order sorting rows by (key code, val codes, time); full ties in any order.
+              presorted_runs: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """An order sorting rows by (key code, val codes, time), and the positions along it
+    where a distinct row begins (full ties, which are duplicates, in any order).
 
     ``vc``: None, one code array, or a list of them (one per val column).
 
     One packed value sort of the key and the leading bits of val and time orders almost
     every row (see :func:`_prefix_order`); concatenated sorted runs go through the stable
-    timsort, which merges them in linear time. Returns the order and whether any key
-    repeats.
+    timsort, which merges them in linear time. Rows whose packed prefixes differ are
+    distinct: only prefix ties are compared column by column, so finding the distinct
+    rows costs no gather of the columns by the order.
     """
     vcs = vc if isinstance(vc, list) else [vc]
     columns = [c for c in [kc, *vcs, times] if c is not None]
+    n = len(kc)
+    if n < 2:
+        return np.arange(n, dtype=np.int64), np.zeros(min(n, 1), np.int64)
+    if any(c.dtype.kind not in "iub" for c in columns):
+        order = _lsd_order(columns)
+        return order, row_starts(*[c[order] for c in columns])
     if len(columns) == 1:
-        order = np.argsort(kc, kind="stable") if presorted_runs else fast_argsort(kc)
-    else:
-        order = _prefix_order(columns, presorted_runs)
-    kc_s = kc[order]
-    return order, bool((kc_s[1:] == kc_s[:-1]).any())
+        packed = _packed_argsort(kc, stable_merge=presorted_runs, ties=True)
+        if packed is None:
+            order = np.argsort(kc, kind="stable")
+            return order, row_starts(kc[order])
+        return packed[0], _starts_of(packed[1])
+    return _prefix_order(columns, presorted_runs)
 
 
-def _tie_groups(sorted_values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """Positions of rows equal to a neighbour in a sorted array, and their group ids.
+def _starts_of(ties: np.ndarray) -> np.ndarray:
+    """Distinct-row starts from ``ties`` (row i+1 equals row i along the order)."""
+    starts = np.flatnonzero(~ties)
+    starts += 1
+    return np.concatenate([np.zeros(1, np.int64), starts])
+
+
+def _tie_groups(ties: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Positions of rows equal to a neighbour along an order (``ties[i]``: row i+1
+    equals row i), and their group ids.
 
     Ties are few where this is used (prefixes of distinct rows): only the tied rows are
     labelled, never a group id for every row.
     """
-    ties = sorted_values[1:] == sorted_values[:-1]
     first = np.flatnonzero(ties)            # row first+1 equals row first
     if len(first) == 0:
         return None
@@ -275,8 +291,10 @@ def _tie_groups(sorted_values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | No
     return sub, np.cumsum(~continues)
 
 
-def _prefix_order(columns: list[np.ndarray], presorted_runs: bool = False) -> np.ndarray:
-    """Order by integer code columns too wide to pack together (most significant first).
+def _prefix_order(columns: list[np.ndarray], presorted_runs: bool = False
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Order by integer code columns too wide to pack together (most significant first),
+    and where distinct rows begin along it.
 
     One packed value sort of the columns' leading bits -- as many as fit beside the row
     index -- orders almost everything; only rows whose prefixes tie are then sorted by
@@ -285,36 +303,47 @@ def _prefix_order(columns: list[np.ndarray], presorted_runs: bool = False) -> np
     agree to a part in a million, where an LSD sort makes two full passes over every row.
     """
     n = len(columns[0])
-    if n < 2 or any(c.dtype.kind not in "iub" for c in columns):
-        return _lsd_order(columns)
     room = 64 - max(int(n - 1).bit_length(), 1)
     prefix = np.zeros(n, dtype=np.uint64)
-    used = 0
+    used, complete = 0, True
     for c in columns:
         bits, off = _bits(c)
         take = min(bits, room - used)
+        if take < bits:
+            complete = False
         if take <= 0:
             break
         prefix <<= np.uint64(take)
         prefix |= off >> np.uint64(bits - take)
         used += take
-    order = _packed_argsort(prefix, stable_merge=presorted_runs)   # fits: room was left
-    tied = _tie_groups(prefix[order])
+    order, ties = _packed_argsort(prefix, stable_merge=presorted_runs, ties=True)  # fits
+    tied = _tie_groups(ties)
     if tied is None:
-        return order
+        return order, _starts_of(ties)
     sub, group = tied
     rows = order[sub]
     order[sub] = rows[_lsd_order([group] + [c[rows] for c in columns])]
-    return order
+    if complete:     # equal prefixes are equal rows
+        return order, _starts_of(ties)
+    # a prefix tie is a duplicate only if every full column agrees (refined: adjacent)
+    cand = np.flatnonzero(ties) + 1
+    a, b = order[cand - 1], order[cand]
+    same = np.ones(len(cand), dtype=bool)
+    for c in columns:
+        same &= c[a] == c[b]
+    distinct = np.ones(n, dtype=bool)
+    distinct[cand[same]] = False
+    return order, np.flatnonzero(distinct)
 
 
-def _packed_argsort(x: np.ndarray, stable_merge: bool = False) -> np.ndarray | None:
+def _packed_argsort(x: np.ndarray, stable_merge: bool = False, ties: bool = False):
     """argsort by sorting values: (x - min) with the row index in the low bits.
 
     numpy sorts plain integers several times faster than it argsorts them (vectorized
     sorting networks), and the index in the low bits makes the result stable. None when
     the span and the index do not fit in 64 bits together. ``stable_merge``: ``x`` is
-    concatenated sorted runs, which timsort merges in linear time.
+    concatenated sorted runs, which timsort merges in linear time. ``ties``: also return
+    which neighbours along the order hold equal values (``[i]``: rows i and i+1).
     """
     n = len(x)
     if x.dtype.kind not in "iub":
@@ -326,8 +355,12 @@ def _packed_argsort(x: np.ndarray, stable_merge: bool = False) -> np.ndarray | N
     p = off << np.uint64(index_bits)
     p |= np.arange(n, dtype=np.uint64)
     _sort_values(p, stable_merge)
+    equal = None
+    if ties:   # equal values differ only in the index bits
+        equal = np.bitwise_xor(p[1:], p[:-1]) < np.uint64(1 << index_bits)
     p &= np.uint64((1 << index_bits) - 1)
-    return p.view(np.int64)
+    order = p.view(np.int64)
+    return (order, equal) if ties else order
 
 
 def _sort_values(p: np.ndarray, stable_merge: bool) -> None:

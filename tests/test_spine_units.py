@@ -99,8 +99,9 @@ def test_large_sorts_split_across_threads_stay_exact_and_stable():
     assert np.array_equal(fast_argsort(x), np.argsort(x, kind="stable"))
     k = rng.integers(0, n // 4, n)
     v = rng.integers(0, 1 << 62, n).astype(np.uint64)
-    order, repeats = sort_rows(k, v, None)
-    assert repeats and np.array_equal(order, np.lexsort((v, k)))
+    order, starts = sort_rows(k, v, None)
+    assert np.array_equal(order, np.lexsort((v, k)))
+    assert np.array_equal(starts, _distinct_starts(k[order], v[order]))
 
 
 @settings(max_examples=300)
@@ -117,10 +118,23 @@ def test_sort_rows_orders_like_lexsort_when_val_prefixes_tie(rows, presorted):
         for lo, hi in ((0, half), (half, len(rows))):
             o = np.lexsort((v[lo:hi], k[lo:hi]))
             k[lo:hi], v[lo:hi] = k[lo:hi][o], v[lo:hi][o]
-    order, repeats = sort_rows(k, v, None, presorted_runs=presorted)
+    order, starts = sort_rows(k, v, None, presorted_runs=presorted)
     expected = np.lexsort((v, k))
     assert np.array_equal(k[order], k[expected]) and np.array_equal(v[order], v[expected])
-    assert repeats == (len(np.unique(k)) < len(k))
+    assert np.array_equal(starts, _distinct_starts(k[order], v[order]))
+    korder, kstarts = sort_rows(k, None, None, presorted_runs=presorted)   # the key alone
+    assert np.array_equal(k[korder], np.sort(k))
+    assert np.array_equal(kstarts, _distinct_starts(k[korder]))
+
+
+def _distinct_starts(*sorted_columns) -> np.ndarray:
+    """The model: where a row differs from the one before in any column."""
+    n = len(sorted_columns[0])
+    differs = np.ones(n, dtype=bool)
+    differs[1:] = False
+    for c in sorted_columns:
+        differs[1:] |= c[1:] != c[:-1]
+    return np.flatnonzero(differs)
 
 
 @given(UPDATES, st.booleans(), st.integers(0, 5))
