@@ -10,7 +10,7 @@ Each applicable codec is measured beside the baseline of the same run: one
 Ratios are raw bytes / encoded bytes, where raw is the sum of the Arrow array's buffer
 sizes (numpy: ``nbytes``); MB/s are raw bytes per second (best of the rounds). Targets
 (asserted at full scale only): low-cardinality string columns >= 8x smaller than raw;
-decode of plain, dict and stride offsets >= 2 GB/s; zstd blocks >= 500 MB/s.
+decode of plain, dict, decimal and stride offsets >= 2 GB/s; zstd blocks >= 500 MB/s.
 
 Scale: ``ARRANGEDB_BENCH_SCALE=full`` (4M rows) or anything else (50k rows, smoke).
 """
