@@ -23,7 +23,8 @@ import zstandard
 
 from arrangedb.codecs.base import REGISTRY, CodecError, Encoded, lookup
 from arrangedb.codecs.plain import PLAIN
-from arrangedb.codecs import decimal, dictionary, frame, offsets, zstd_blocks  # noqa: F401  (register)
+# imported to register their codecs
+from arrangedb.codecs import decimal, dictionary, frame, offsets, zstd_blocks  # noqa: F401
 from arrangedb.codecs.choose import choose_codec
 
 CODECS = REGISTRY

@@ -83,11 +83,13 @@ class Decimal(Codec):
         x, valid = got
         if digits is None:
             digits = decimal_digits(values)
-        elif not _exact(x if valid is None else x[valid], digits):
+        elif not (isinstance(digits, int) and 0 <= digits <= MAX_DIGITS
+                  and _exact(x if valid is None else x[valid], digits)):
             digits = None
         if digits is None:
             return None
-        m = np.rint(x * np.float64(10.0 ** digits))
+        with np.errstate(over="ignore", invalid="ignore"):   # whatever lies under nulls
+            m = np.rint(x * np.float64(10.0 ** digits))
         if valid is not None:
             m[~valid] = 0
         ints = FOR.encode(m.astype(np.int64))

@@ -200,38 +200,29 @@ def _any_valid(bitmap: np.ndarray, n: int) -> bool:
     return bool(np.unpackbits(bitmap[: (n + 7) // 8], bitorder="little")[:n].any())
 
 
-# Rows from which the packed codes are taken 16 bits at a time: a 65536-entry table of
-# code groups costs ~5 ms to build, and halves the number of (per-row costly) takes;
-# a table that would outgrow WIDE_TABLE_BYTES (long strings) is not worth its memory.
-WIDE_GROUPS_FROM = 1 << 20
-WIDE_TABLE_BYTES = 8 << 20
+# Rows from which the offsets are computed on the kernels' helper thread while the
+# strings are taken: below it the hand-off costs more than it saves (~0.2 ms).
+PARALLEL_OFFSETS_FROM = 1 << 16
 
 
 def _packed_group_gather(t, dictionary, codes_buf, bits, vbuf, nulls, n):
-    """Variable-length strings with bit-packed codes: one Arrow take per group of codes.
+    """Variable-length strings with bit-packed codes: one Arrow take per packed *byte*.
 
-    Each value of a packed byte (or, for large columns, of a packed u16) names a group of
-    codes; a table of the groups' concatenated strings, taken by the packed bytes, yields
-    the data buffer in 2-16x fewer (per-row costly) steps. The offsets, a cumsum of
-    gathered lengths that also validates every code, are computed meanwhile on the
-    kernels' helper thread.
+    Each of the 256 byte values names a group of 8 // bits codes; a 256-entry dictionary of
+    the groups' concatenated strings, taken by the packed bytes, yields the data buffer in
+    2-8x fewer (per-row costly) steps. The offsets, a cumsum of gathered lengths that also
+    validates every code, are computed meanwhile on the kernels' helper thread.
+    (Groups of 16 bits -- a 65536-entry table -- paid for their ~5 ms table only from
+    ~3M rows, which no part reaches.)
     """
     odt = binary_offset_dtype(t)
-    k = len(dictionary)
+    k, per = len(dictionary), 8 // bits
     lengths = np.diff(np.frombuffer(dictionary.buffers()[1], odt, count=k + 1))
-    packed = view_as(codes_buf, np.uint8, -(-n * bits // 8), "dict codes")
-    wide = (n >= WIDE_GROUPS_FROM
-            and (1 << 16) * (16 // bits) * int(lengths.max()) <= WIDE_TABLE_BYTES)
-    width = 16 if wide else 8
-    per = width // bits
-    if width == 16:
-        if len(packed) % 2:
-            packed = np.append(packed, np.uint8(0))   # padding codes: past the last offset
-        packed = packed.view(np.uint16)
-    lanes = (np.arange(1 << width)[:, None] >> np.arange(0, width, bits)) & ((1 << bits) - 1)
+    lanes = (np.arange(256)[:, None] >> np.arange(0, 8, bits)) & ((1 << bits) - 1)
     parts = [dictionary.take(pa.array(np.minimum(lanes[:, j], k - 1))) for j in range(per)]
     groups = (pc.binary_join_element_wise(*parts, pa.scalar("").cast(t)) if per > 1
               else parts[0])
+    packed = view_as(codes_buf, np.uint8, -(-n // per), "dict codes")
 
     def offsets_of():
         offsets = np.empty(n + 1, odt)
@@ -239,7 +230,13 @@ def _packed_group_gather(t, dictionary, codes_buf, bits, vbuf, nulls, n):
         np.cumsum(gather(lengths, codes_buf, bits, n, 0, n), out=offsets[1:])  # validates
         return offsets
 
-    offsets, data = both(offsets_of, lambda: groups.take(pa.array(packed)).buffers()[2])
+    def data_of():
+        return groups.take(pa.array(packed)).buffers()[2]
+
+    if n >= PARALLEL_OFFSETS_FROM:
+        offsets, data = both(offsets_of, data_of)
+    else:
+        offsets, data = offsets_of(), data_of()
     return pa.Array.from_buffers(t, n, [vbuf, pa.py_buffer(offsets), data or pa.py_buffer(b"")],
                                  null_count=nulls)
 

@@ -100,6 +100,10 @@ class SideBuilder:
                                                  vals=self.vals)
                 self.appender = self.trace.appender()
             self.appender.add(table)
+        except BaseException:
+            if self.appender is not None:
+                self.appender.abort()   # the task fails: its runs' files go now
+            raise
         finally:
             self.engine.budget.release(self.size, "spark input buffer")
             self.buffered, self.size = [], 0

@@ -178,8 +178,8 @@ def expand_singleton(keys: pa.Table, key_bounds: np.ndarray, vals: pa.Table | No
         n = vals.num_rows
         starts = key_bounds.astype(np.int64)
         if len(starts) != keys.num_rows + 1 or starts[0] != 0 or starts[-1] != n:
-            raise ValueError(f"corrupt part: key bounds ({len(starts)}, ending at {starts[-1]}) do not "
-                             f"span {keys.num_rows} keys and {n} vals")
+            raise ValueError(f"corrupt part: key bounds ({len(starts)}, ending at "
+                             f"{starts[-1]}) do not span {keys.num_rows} keys and {n} vals")
         if n != keys.num_rows:
             keys = repeat_rows(keys, np.diff(starts))
     return Updates(keys, vals, np.full(n, time, dtype=np.uint64),

@@ -117,14 +117,16 @@ class PagedPart(Part):
     cache: object = field(default=None, repr=False)   # the engine's BlockCache, if any
 
     def read(self) -> tuple[Updates, np.ndarray]:
-        cols = self._decode(("times", "diffs"), None)
-        # under one stored (time, diff) the leaf bounds say nothing: not even decoded
-        singleton = len(cols["times"]) == 1
-        keyed = not singleton or self.columns.get("vals") is not None
-        rest = ("keys", "vals") + (("key_bounds",) if keyed else ()) + \
-            (() if singleton else ("val_bounds",))
-        cols.update((k, v) for k, v in self._decode(rest, None).items() if k in rest)
-        self.release()  # the bytes were copied out: let the mapped pages go now
+        try:
+            cols = self._decode(("times", "diffs"), None)
+            # under one stored (time, diff) the leaf bounds say nothing: not even decoded
+            singleton = len(cols["times"]) == 1
+            keyed = not singleton or self.columns.get("vals") is not None
+            rest = ("keys", "vals") + (("key_bounds",) if keyed else ()) + \
+                (() if singleton else ("val_bounds",))
+            cols.update((k, v) for k, v in self._decode(rest, None).items() if k in rest)
+        finally:
+            self.release()  # the bytes were copied out (or failed to): let the pages go
         layout = self._assemble(cols)
         if singleton:
             return expand_singleton(layout.keys, layout.key_bounds, layout.vals,
@@ -134,8 +136,10 @@ class PagedPart(Part):
     def layout(self) -> PartLayout:
         # a scan reads each block once: through the cache it would only evict the blocks
         # lookups come back for, and pay a copy and a reservation per block
-        cols = self._decode(_FIELDS, None)
-        self.release()  # the bytes were copied out: let the mapped pages go now
+        try:
+            cols = self._decode(_FIELDS, None)
+        finally:
+            self.release()  # the bytes were copied out (or failed to): let the pages go
         return self._assemble(cols)
 
     def lookup_layout(self) -> PartLayout:

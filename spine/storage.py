@@ -38,7 +38,13 @@ def _encode_group(writer, prefix: str, values, codec: str,
         if column not in choices:
             choices[column] = choose_codec(values)
         codec = choices[column]
-    enc = encode(values, codec)
+        enc = encode(values, codec)
+        if enc.codec != codec:
+            # this part breaks the column's pattern (a NaN among decimals, a value out of
+            # a frame): choose again for it rather than store it plain
+            enc = encode(values, "auto")
+    else:
+        enc = encode(values, codec)
     names, stored = [], 0
     buffers = list(enc.buffers) or [b""]
     for i, buf in enumerate(buffers):

@@ -378,9 +378,16 @@ class Appender:
                               diff if diff is not None else t.columns.diff, merge=False)
 
     def finish(self) -> None:
+        self.trace._check_open()
         runs, self.runs = self.trace._merge_down(self.runs), []
         self.trace.spine.insert_runs(runs)
         self.trace.ctx.settle()
+
+    def abort(self) -> None:
+        """Drop the runs sorted so far (their page files go now, not at collection)."""
+        runs, self.runs = self.runs, []
+        for r in runs:
+            r.drop()
 
 
 class TraceHandle:

@@ -390,23 +390,23 @@ def test_truncated_buffers_raise(values, codec):
 
 @SETTINGS
 @given(values=arrow_arrays(kinds=("string", "binary", "large_string")))
-def test_varlen_dict_decode_through_wide_code_groups(values):
-    """Large columns take their packed codes 16 bits at a time; the same result on any
-    length (odd byte counts, padding codes), with nulls, on one thread or two."""
+def test_varlen_dict_decode_with_offsets_on_the_helper_thread(values):
+    """Large columns compute their offsets on the helper thread: the same result on any
+    length, with nulls, on one thread or two."""
     from arrangedb.codecs import dictionary, parallel
 
-    old, before = dictionary.WIDE_GROUPS_FROM, parallel.threads()
-    dictionary.WIDE_GROUPS_FROM = 0
+    old, before = dictionary.PARALLEL_OFFSETS_FROM, parallel.threads()
+    dictionary.PARALLEL_OFFSETS_FROM = 0
     try:
         for threads in (1, 2):
             parallel.set_threads(threads)
             roundtrip(values, "dict")
     finally:
-        dictionary.WIDE_GROUPS_FROM = old
+        dictionary.PARALLEL_OFFSETS_FROM = old
         parallel.set_threads(before)
 
 
-def test_wide_code_groups_still_reject_bad_codes():
+def test_helper_thread_offsets_still_reject_bad_codes():
     from arrangedb.codecs import dictionary
 
     values = pa.array(np.random.default_rng(8).choice(["a", "bb", "ccc", "dddd", "e"], 999))
@@ -414,13 +414,13 @@ def test_wide_code_groups_still_reject_bad_codes():
     assert enc.meta["code_bits"] == 4
     stored = as_stored(enc.buffers)
     stored[0][7] = 0xF0          # code 15, past the 5-entry dictionary
-    old = dictionary.WIDE_GROUPS_FROM
-    dictionary.WIDE_GROUPS_FROM = 0
+    old = dictionary.PARALLEL_OFFSETS_FROM
+    dictionary.PARALLEL_OFFSETS_FROM = 0
     try:
         with pytest.raises(CodecError, match="out of range"):
             decode(enc.codec, enc.version, enc.meta, stored)
     finally:
-        dictionary.WIDE_GROUPS_FROM = old
+        dictionary.PARALLEL_OFFSETS_FROM = old
 
 
 def test_corrupt_contents_raise():
@@ -600,3 +600,19 @@ def test_parallel_both_runs_nested_calls_inline():
         assert parallel.both(inner, inner) == ((1, 2), (1, 2))
     finally:
         parallel.set_threads(before)
+
+
+def test_decimal_refuses_digits_it_could_not_read_back_and_ignores_what_lies_under_nulls():
+    import warnings
+
+    x = np.array([0.1234567, 1.0] * 50)
+    for digits in (7, -1, 2):      # out of range, or too few for these values
+        assert encode(x, "decimal", digits=digits).codec == "plain"
+    assert encode(x, "decimal", digits=None).codec == "plain"   # 7 digits: beyond the max
+    data = np.array([1.25, 1e308, 2.5], np.float64)             # 1e308 sits under a null
+    arr = pa.Array.from_buffers(pa.float64(), 3, [pa.py_buffer(np.packbits(
+        [1, 0, 1], bitorder="little")), pa.py_buffer(data)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        enc, _, out = roundtrip(arr, "decimal")
+    assert enc.codec == "decimal" and out.to_pylist() == [1.25, None, 2.5]

@@ -224,3 +224,50 @@ def test_appender_fills_a_trace_from_chunks_without_merging_them(engine):
     assert (pc.sum(got["count"]).as_py()
             == pc.sum(want["count"]).as_py()
             + int(((chunks[0]["k"].to_numpy()) == 7).sum()))
+
+
+def test_a_part_that_breaks_its_columns_codec_is_encoded_by_its_own_choice(engine):
+    """The codec is chosen once per column from the first part; a later part it does not
+    fit (here: non-decimal floats after cents) gets its own choice, not plain."""
+    n = 300_000
+    cents = np.round(np.random.default_rng(2).uniform(1, 5_000, n), 2)
+    cents[200_000:] = np.tile([0.1 + 0.2, 1 / 3, 2 / 7], n)[: n - 200_000]   # compressible
+    t = engine.arrange(pa.table({"k": np.arange(n), "amount": cents}), key=["k"],
+                       vals=["amount"])
+    t.merge_all()
+    parts = t.spine.batches()[0].parts
+    codecs = [p.columns["vals"][0]["codec"] for p in parts]
+    assert len(parts) > 2 and codecs[0] == "decimal" and codecs[-1] == "zstd", codecs
+    got = t.snapshot().read_all()
+    assert np.array_equal(got["amount"].to_numpy().view(np.int64), cents.view(np.int64))
+
+
+@pytest.mark.parametrize("vals_per_key", [0, 1, 3])
+def test_distinct_rows_read_back_through_their_single_stored_update(engine, vals_per_key,
+                                                                     monkeypatch):
+    """A batch of distinct rows at one time stores one (time, diff) per part: reads expand
+    it without its leaf bounds. Key-only, one val per key, several vals per key."""
+    from arrangedb.spine import part as part_module
+
+    expanded = []
+    real = part_module.expand_singleton
+    monkeypatch.setattr(part_module, "expand_singleton",
+                        lambda *a: expanded.append(1) or real(*a))
+    n = 120_000
+    keys = np.arange(n) // max(vals_per_key, 1) * 7
+    table = pa.table({"k": keys, "v": np.arange(n) % max(vals_per_key, 1)})
+    vals = ["v"] if vals_per_key else []
+    t = engine.arrange(table.select(["k"] + vals), key=["k"], vals=vals)
+    assert len(t.spine.batches()[0].parts) > 1
+    seen = 0
+    from arrangedb.spine.kernels import key_starts
+    for block in t.cursor(window_rows=5000):
+        assert np.array_equal(block.key_bounds, key_starts(block.row_keys()))
+        assert (block.counts == 1).all()
+        seen += len(block)
+    assert seen == n
+    snap = t.snapshot().read_all()
+    assert np.array_equal(snap["k"].to_numpy(), keys) and (snap["count"].to_numpy() == 1).all()
+    if vals:
+        assert np.array_equal(snap["v"].to_numpy(), table["v"].to_numpy())
+    assert len(expanded) >= 2 * len(t.spine.batches()[0].parts)   # cursor and snapshot
