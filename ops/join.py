@@ -96,8 +96,12 @@ def match_keys(lkeys: pa.Table, rkeys: pa.Table) -> tuple[np.ndarray, np.ndarray
 
 
 def product_chunks(lb: Block, rb: Block, li_key: np.ndarray, ri_key: np.ndarray,
-                   batch_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """For matched keys, the cross product of their rows in chunks: (left key, li, ri)."""
+                   batch_rows: int, want_keys: bool = True
+                   ) -> Iterator[tuple[np.ndarray | None, np.ndarray, np.ndarray]]:
+    """For matched keys, the cross product of their rows in chunks: (left key, li, ri).
+
+    ``want_keys=False``: the caller reads keys off the left rows; many-to-one chunks then
+    carry None for the left key indices instead of a repeat of them."""
     lstart, nl = lb.key_bounds[li_key], np.diff(lb.key_bounds)[li_key]
     rstart, nr = rb.key_bounds[ri_key], np.diff(rb.key_bounds)[ri_key]
     if (nr == 1).all():   # many-to-one (a foreign key): each left row meets one right row
@@ -106,12 +110,13 @@ def product_chunks(lb: Block, rb: Block, li_key: np.ndarray, ri_key: np.ndarray,
                 hi = lo + batch_rows
                 yield li_key[lo:hi], lstart[lo:hi], rstart[lo:hi]
             return
-        kidx = np.repeat(li_key, nl)
-        li = ranges(lstart, nl)
+        kidx = np.repeat(li_key, nl) if want_keys else None
+        # every left key matched: the left rows, in order
+        li = np.arange(len(lb)) if len(li_key) == lb.num_keys else ranges(lstart, nl)
         ri = np.repeat(rstart, nl)
         for lo in range(0, len(li), batch_rows):
             hi = lo + batch_rows
-            yield kidx[lo:hi], li[lo:hi], ri[lo:hi]
+            yield (kidx[lo:hi] if want_keys else None), li[lo:hi], ri[lo:hi]
         return
     for g, pos in output_chunks(nl * nr, batch_rows):
         width = nr[g]
@@ -134,6 +139,10 @@ def _null_columns(schema: pa.Schema | None, n: int) -> list[pa.Array]:
 
 def _expand(arrays: list[pa.Array], counts: np.ndarray, batch_rows: int):
     """Repeat each row ``count`` times, in bounded batches (SQL bag semantics)."""
+    if len(counts) and counts.min() == 1 and counts.max() == 1:   # distinct rows: as they are
+        for lo in range(0, len(counts), batch_rows):
+            yield [a.slice(lo, batch_rows) for a in arrays]
+        return
     for g, _ in output_chunks(counts, batch_rows):
         idx = pa.array(g, pa.int64())
         yield [a.take(idx) for a in arrays]
@@ -162,9 +171,12 @@ def _snapshot(left, right, at, how, expand, batch_rows, schema):
             continue
         li_key, ri_key = match_keys(lb.keys, rb.keys)
         if how in ("inner", "left"):
-            for kidx, li, ri in product_chunks(lb, rb, li_key, ri_key, batch_rows):
-                arrays = (_take(lb.keys, kidx) + _take(lb.vals, li)
-                          + (_take(rb.vals, ri) if rvals_schema is not None else []))
+            row_keys = lb.rows   # the left rows' keys, when the reader had them: no gather
+            for kidx, li, ri in product_chunks(lb, rb, li_key, ri_key, batch_rows,
+                                               want_keys=row_keys is None):
+                arrays = _take(lb.keys, kidx) if row_keys is None else _take(row_keys, li)
+                arrays += (_take(lb.vals, li)
+                           + (_take(rb.vals, ri) if rvals_schema is not None else []))
                 yield from emit(arrays, lb.counts[li] * rb.counts[ri])
         if how == "inner":
             continue

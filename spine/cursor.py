@@ -40,6 +40,7 @@ class Block:
     vals: pa.Table | None
     counts: np.ndarray
     times: np.ndarray | None = None
+    rows: pa.Table | None = None   # the key of every row, when the reader had it anyway
 
     @property
     def num_keys(self) -> int:
@@ -50,6 +51,8 @@ class Block:
 
     def row_keys(self) -> pa.Table:
         """The key of every row (keys repeated by their row counts)."""
+        if self.rows is not None:
+            return self.rows
         reps = np.diff(self.key_bounds)
         if np.all(reps == 1):
             return self.keys
@@ -61,8 +64,9 @@ def _block(keys: pa.Table, vals, counts, times=None, starts: np.ndarray | None =
     """``starts``: where each key's rows start (plus the end), when the reader knows."""
     if starts is None:
         starts = key_starts(keys)
-    distinct = keys if len(starts) - 1 == keys.num_rows else keys.take(starts[:-1])
-    return Block(distinct, starts, vals, counts, times)
+    if len(starts) - 1 == keys.num_rows:
+        return Block(keys, starts, vals, counts, times)
+    return Block(keys.take(starts[:-1]), starts, vals, counts, times, rows=keys)
 
 
 def empty_block(key_schema: pa.Schema, val_schema: pa.Schema | None, changes=False) -> Block:
