@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from arrangedb.spine.order import sorted_row_starts
-from arrangedb.spine.updates import Updates
+from arrangedb.spine.updates import Updates, constant
 
 
 @dataclass(frozen=True)
@@ -182,8 +182,7 @@ def expand_singleton(keys: pa.Table, key_bounds: np.ndarray, vals: pa.Table | No
                              f"{starts[-1]}) do not span {keys.num_rows} keys and {n} vals")
         if n != keys.num_rows:
             keys = repeat_rows(keys, np.diff(starts))
-    return Updates(keys, vals, np.full(n, time, dtype=np.uint64),
-                   np.full(n, diff, dtype=np.int64)), starts
+    return Updates(keys, vals, constant(time, n, np.uint64), constant(diff, n, np.int64)), starts
 
 
 def repeat_rows(table: pa.Table, counts: np.ndarray) -> pa.Table:

@@ -9,6 +9,9 @@ Invariants
   ``diffs`` int64, all four of equal length.
 - When a function says its result is *sorted*, rows are ordered by (key, val, time) and
   *consolidated*: no two rows share (key, val, time) and no diff is zero.
+- ``times`` and ``diffs`` may be read-only stride-0 views holding one value for every
+  row (:func:`constant`, as reads of a part storing one (time, diff) make them): no
+  kernel writes into them, and they cost one element of memory.
 """
 
 from __future__ import annotations
@@ -17,6 +20,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+
+
+def constant(value, n: int, dtype) -> np.ndarray:
+    """``n`` copies of ``value`` as a read-only stride-0 view (one element of memory)."""
+    return np.broadcast_to(np.asarray(value, dtype=dtype), (n,))
+
+
+def _nbytes(a: np.ndarray) -> int:
+    return a.itemsize if len(a) > 1 and a.strides[0] == 0 else a.nbytes
 
 
 @dataclass(frozen=True)
@@ -31,7 +43,7 @@ class Updates:
 
     @property
     def nbytes(self) -> int:
-        n = self.keys.nbytes + self.times.nbytes + self.diffs.nbytes
+        n = self.keys.nbytes + _nbytes(self.times) + _nbytes(self.diffs)
         return n + (self.vals.nbytes if self.vals is not None else 0)
 
     def take(self, indices: np.ndarray) -> "Updates":
