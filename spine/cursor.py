@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from arrangedb.spine.kernels import accumulate, consolidate, filter_times, key_starts
+from arrangedb.spine.layout import repeat_rows
 from arrangedb.spine.order import codes
 from arrangedb.spine.reader import MergedReader, step_updates
 from arrangedb.spine.updates import Updates
@@ -53,10 +54,7 @@ class Block:
         """The key of every row (keys repeated by their row counts)."""
         if self.rows is not None:
             return self.rows
-        reps = np.diff(self.key_bounds)
-        if np.all(reps == 1):
-            return self.keys
-        return self.keys.take(np.repeat(np.arange(self.num_keys), reps))
+        return repeat_rows(self.keys, np.diff(self.key_bounds))
 
 
 def _block(keys: pa.Table, vals, counts, times=None, starts: np.ndarray | None = None

@@ -131,12 +131,6 @@ def _leaf_update_index(bounds: np.ndarray, singleton: bool = False
     return ranges(starts, counts), counts
 
 
-def _repeat_rows(table: pa.Table, counts: np.ndarray) -> pa.Table:
-    if np.all(counts == 1):
-        return table
-    return table.take(np.repeat(np.arange(table.num_rows, dtype=np.int64), counts))
-
-
 def from_layout(part: PartLayout) -> Updates:
     """Expand the layout back into one row per update (the inverse of ``to_layout``)."""
     leaves = part.val_bounds if part.vals is not None else part.key_bounds
@@ -151,8 +145,8 @@ def from_layout(part: PartLayout) -> Updates:
     else:
         times, diffs = part.times[idx], part.diffs[idx]
     if part.vals is None:
-        return Updates(_repeat_rows(part.keys, leaf_counts), None, times, diffs)
-    vals = _repeat_rows(part.vals, leaf_counts)
+        return Updates(repeat_rows(part.keys, leaf_counts), None, times, diffs)
+    vals = repeat_rows(part.vals, leaf_counts)
     # updates per key = sum of its vals' update counts
     kb = part.key_bounds.astype(np.int64)
     if len(kb) == len(leaf_counts) + 1 and vals is part.vals:
@@ -160,7 +154,7 @@ def from_layout(part: PartLayout) -> Updates:
     leaf_end = np.zeros(len(leaf_counts) + 1, dtype=np.int64)
     np.cumsum(leaf_counts, out=leaf_end[1:])
     per_key = np.diff(leaf_end[kb])
-    return Updates(_repeat_rows(part.keys, per_key), vals, times, diffs)
+    return Updates(repeat_rows(part.keys, per_key), vals, times, diffs)
 
 
 def expand_singleton(keys: pa.Table, key_bounds: np.ndarray, vals: pa.Table | None,
@@ -188,6 +182,8 @@ def expand_singleton(keys: pa.Table, key_bounds: np.ndarray, vals: pa.Table | No
 def repeat_rows(table: pa.Table, counts: np.ndarray) -> pa.Table:
     """Each row ``counts[i]`` times; one numpy repeat per fixed-width column without
     nulls (a single pass, where an index take would be two)."""
+    if np.all(counts == 1):
+        return table
     arrays = []
     for col in table.columns:
         arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
