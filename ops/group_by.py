@@ -48,13 +48,13 @@ class _Partials:
                  weight: str | None):
         self.by, self.aggs, self.plan, self.schema, self.weight = by, aggs, plan, schema, weight
 
-    def of_batch(self, rb: pa.Table) -> pa.Table:
-        n = rb.num_rows
-        w = (rb.column(self.weight).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    def of_batch(self, chunk: pa.Table) -> pa.Table:
+        n = chunk.num_rows
+        w = (chunk.column(self.weight).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
              if self.weight else np.ones(n, np.int64))
-        cols = {b: rb.column(b) for b in self.by}
+        cols = {b: chunk.column(b) for b in self.by}
         for name, (fn, col) in self.aggs.items():
-            arr = rb.column(col) if col is not None else None
+            arr = chunk.column(col) if col is not None else None
             valid = (None if arr is None or arr.null_count == 0   # None: every row counts
                      else arr.is_valid().to_numpy(zero_copy_only=False))
             for pname, kind in self.plan[name]:
@@ -99,9 +99,9 @@ class _Partials:
                                            for f in self.partial_schema()],
                                           schema=self.partial_schema())
 
-    def of_partials(self, rb: pa.Table) -> pa.Table:
+    def of_partials(self, chunk: pa.Table) -> pa.Table:
         """Partial rows coming from a first phase: combined, never recomputed."""
-        return self.combine(rb.select(self.partial_schema().names))
+        return self.combine(chunk.select(self.partial_schema().names))
 
     def finish(self, part: pa.Table) -> pa.RecordBatch:
         arrays = [part.column(b).combine_chunks() for b in self.by]
@@ -226,15 +226,15 @@ def _run(partials: _Partials, batches, engine, memory_budget, spill_dir, batch_r
         # held keeps that within the budget's share left beside the readers
         limit = max(engine.budget.limit // 8, 1 << 20)
         churn = 0
-        for rb in _coalesced(batches, min(limit // 8, 64 << 20)):
-            churn += rb.nbytes
+        for chunk in _coalesced(batches, min(limit // 8, 64 << 20)):
+            churn += chunk.nbytes
             if churn >= limit // 2:
                 # Arrow's pool (mimalloc) keeps what grouping and the upstream operator
                 # freed until told otherwise; the RSS the budget watches would grow
                 # with the input instead of the groups
                 release_freed_memory()
                 churn = 0
-            part = first(rb)
+            part = first(chunk)
             held.append(part)
             held_bytes += part.nbytes
             account(held_bytes)
