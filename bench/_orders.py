@@ -95,6 +95,7 @@ SEED = 42
 DELTA_SEED = 7
 DELTA_FRACTION = 0.01
 REL_TOL = 1e-9
+LOOKUP_CHUNK = 1 << 19
 CASES = ("cold", "warm", "incremental")
 BUDGETS = {"512MiB": "512MB", "128MiB": "128MB"}   # arrangedb budget -> DuckDB memory_limit
 
@@ -335,9 +336,10 @@ def ad_preagg_change(engine, orders_t, preagg_t, customers_t) -> pa.Table:
 
     def updates():
         """Retraction and replacement of each touched customer's row, a chunk at a time
-        (a batched, sorted lookup per chunk keeps the working set small)."""
-        for lo in range(0, delta.num_rows, 1 << 16):
-            d = delta.slice(lo, 1 << 16)
+        (a batched, sorted lookup per chunk keeps the working set small; chunks of 512k
+        keys, because every chunk spanning the key range decodes every part's keys)."""
+        for lo in range(0, delta.num_rows, LOOKUP_CHUNK):
+            d = delta.slice(lo, LOOKUP_CHUNK)
             old = preagg_t.lookup(d.select(["customer_id"]), at=0)
             qi = old.column("query_index").to_numpy()
             n_old = np.zeros(d.num_rows, np.int64)
