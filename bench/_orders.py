@@ -186,7 +186,7 @@ def parquet_reader(path: str, columns: list[str]) -> pa.RecordBatchReader:
     pf = pq.ParquetFile(path, pre_buffer=False)
     schema = pa.schema([pf.schema_arrow.field(c) for c in columns])
     return pa.RecordBatchReader.from_batches(
-        schema, pf.iter_batches(batch_size=1 << 16, columns=columns))
+        schema, pf.iter_batches(batch_size=1 << 18, columns=columns))
 
 
 # -- results ----------------------------------------------------------------------------------

@@ -21,6 +21,10 @@ import pyarrow.parquet as pq
 
 from arrangedb.spine.updates import Updates
 
+# Rows per batch read from Parquet: 256k rows decode ~30% faster than 64k (per-batch
+# costs), and ingest slices any batch too big for a run.
+PARQUET_BATCH_ROWS = 1 << 18
+
 
 class SchemaError(ValueError):
     """Input that does not fit the arrangement: missing columns, wrong types, nulls."""
@@ -64,12 +68,12 @@ def open_batches(data, columns: list[str] | None = None
             schema = dataset.schema if columns is None else pa.schema(
                 [dataset.schema.field(c) for c in columns])
             return schema, iter(dataset.to_batches(
-                columns=columns, batch_size=1 << 16, fragment_scan_options=scan,
+                columns=columns, batch_size=PARQUET_BATCH_ROWS, fragment_scan_options=scan,
                 batch_readahead=1, fragment_readahead=1))
         pf = pq.ParquetFile(path, pre_buffer=False)
         schema = pf.schema_arrow if columns is None else pa.schema(
             [pf.schema_arrow.field(c) for c in columns])
-        return schema, pf.iter_batches(batch_size=1 << 16, columns=columns)
+        return schema, pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns)
     if isinstance(data, Iterable):
         it = iter(data)
         first = next(it, None)
