@@ -13,9 +13,11 @@ DEFAULT_BATCH_ROWS = 1 << 16
 
 
 def columns_of(table: pa.Table | None) -> list[pa.Array]:
+    """The table's columns as arrays (a lone chunk as it is: combining one costs ~30 us)."""
     if table is None:
         return []
-    return [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in table.columns]
+    return [(c.chunk(0) if c.num_chunks == 1 else c.combine_chunks())
+            if isinstance(c, pa.ChunkedArray) else c for c in table.columns]
 
 
 def row_owner(bounds: np.ndarray) -> np.ndarray:
