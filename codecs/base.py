@@ -166,6 +166,15 @@ def view_as(buf, dtype, count: int, what: str = "buffer") -> np.ndarray:
     return u8.view(dtype) if need else np.empty(0, dtype)
 
 
+def pop_validity(buffers: list, n: int) -> np.ndarray:
+    """The validity bitmap heading ``buffers`` (removed from the list), checked to cover
+    ``n`` rows."""
+    check(buffers, "missing validity bitmap")
+    bitmap = as_u8(buffers.pop(0))
+    check(bitmap.nbytes >= (n + 7) // 8, "validity bitmap is short")
+    return bitmap
+
+
 def expect_buffers(buffers, count: int):
     if len(buffers) != count:
         raise CodecError(f"expected {count} buffers, got {len(buffers)}")

@@ -20,8 +20,9 @@ import numpy as np
 import pyarrow as pa
 
 from arrangedb.codecs.base import (
-    Codec, Encoded, arrow_meta, as_u8, check, clamp_range, is_arrow, meta_dtype, meta_length,
-    narrow_uint, normalize_arrow, numpy_meta, register, str_to_type, valid_mask, validity_of,
+    Codec, Encoded, arrow_meta, check, clamp_range, is_arrow, meta_dtype, meta_length,
+    narrow_uint, normalize_arrow, numpy_meta, pop_validity, register, str_to_type, valid_mask,
+    validity_of,
 )
 from arrangedb.codecs.frame import FOR
 
@@ -125,12 +126,7 @@ class Decimal(Codec):
             return super().decode_range(version, meta, buffers, start, stop)
         check(str_to_type(meta["type"]) == pa.float64(), "decimal decodes float64 only")
         buffers = list(buffers)
-        validity = None
-        if meta["validity"]:
-            check(buffers, "missing validity bitmap")
-            validity = as_u8(buffers.pop(0))
-            check(validity.nbytes >= (n + 7) // 8, "validity bitmap is short")
-            validity = pa.py_buffer(validity)
+        validity = pa.py_buffer(pop_validity(buffers, n)) if meta["validity"] else None
         ints = FOR.decode(FOR.version, meta["ints"], buffers)
         check(ints.dtype == np.int64 and len(ints) == n, "decimal ints do not match the length")
         return pa.Array.from_buffers(pa.float64(), n, [validity, pa.py_buffer(_back(ints, digits))],

@@ -21,9 +21,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from arrangedb.codecs.base import (
-    Codec, Encoded, arrow_meta, as_u8, binary_offset_dtype, check, clamp_range, int_storage_dtype,
-    is_arrow, meta_length, narrow_uint, normalize_arrow, numpy_meta, register, str_to_type,
-    validity_of, view_as,
+    Codec, Encoded, arrow_meta, binary_offset_dtype, check, clamp_range, int_storage_dtype,
+    is_arrow, meta_length, narrow_uint, normalize_arrow, numpy_meta, pop_validity, register,
+    str_to_type, validity_of, view_as,
 )
 from arrangedb.codecs.parallel import both
 from arrangedb.codecs.plain import decode_parts, encode_parts
@@ -129,11 +129,7 @@ class Dictionary(Codec):
             return super().decode_range(version, meta, buffers, start, stop)
         start, stop = clamp_range(n, start, stop)
         buffers = list(buffers)
-        validity = None
-        if not numpy_out and meta["validity"]:
-            check(buffers, "missing validity bitmap")
-            validity = as_u8(buffers.pop(0))
-            check(validity.nbytes >= (n + 7) // 8, "validity bitmap is short")
+        validity = pop_validity(buffers, n) if not numpy_out and meta["validity"] else None
         check(buffers, "missing codes")
         k = meta["cardinality"]
         check(meta["code_bits"] == code_bits(k), "code width does not fit the cardinality")
@@ -181,9 +177,7 @@ class Dictionary(Codec):
         buffers = list(buffers)
         valid = None
         if meta["validity"]:
-            check(buffers, "missing validity bitmap")
-            bitmap = as_u8(buffers.pop(0))
-            check(bitmap.nbytes >= (n + 7) // 8, "validity bitmap is short")
+            bitmap = pop_validity(buffers, n)
             valid = np.unpackbits(bitmap[: (n + 7) // 8], bitorder="little")[rows].astype(bool)
         check(buffers, "missing codes")
         codes_buf = buffers.pop(0)

@@ -17,9 +17,9 @@ import numpy as np
 import pyarrow as pa
 
 from arrangedb.codecs.base import (
-    Codec, Encoded, arrow_meta, as_u8, check, clamp_range, expect_buffers, int_storage_dtype,
-    is_arrow, meta_dtype, meta_length, narrow_uint, normalize_arrow, numpy_meta, register,
-    str_to_type, valid_mask, validity_of, view_as,
+    Codec, Encoded, arrow_meta, check, clamp_range, expect_buffers, int_storage_dtype,
+    is_arrow, meta_dtype, meta_length, narrow_uint, normalize_arrow, numpy_meta, pop_validity,
+    register, str_to_type, valid_mask, validity_of, view_as,
 )
 
 
@@ -107,13 +107,8 @@ class FrameOfReference(Codec):
         t = str_to_type(meta["type"])
         dt = int_storage_dtype(t)
         check(dt is not None, f"for cannot decode type {t}")
-        validity = None
-        if meta["validity"]:
-            check(len(buffers) >= 1, "missing validity bitmap")
-            validity = as_u8(buffers[0])
-            check(validity.nbytes >= (n + 7) // 8, "validity bitmap is short")
-            validity = pa.py_buffer(validity)
-            buffers = buffers[1:]
+        buffers = list(buffers)
+        validity = pa.py_buffer(pop_validity(buffers, n)) if meta["validity"] else None
         vals = _decode_values(dt, meta, buffers, n, 0, n)
         return pa.Array.from_buffers(t, n, [validity, pa.py_buffer(vals)],
                                      null_count=-1 if validity is not None else 0)

@@ -17,8 +17,8 @@ import pyarrow as pa
 
 from arrangedb.codecs.base import (
     Codec, Encoded, as_u8, arrow_meta, binary_offset_dtype, check, clamp_range, expect_buffers,
-    is_arrow, meta_dtype, meta_length, normalize_arrow, numpy_meta, register, str_to_type,
-    validity_of, view_as,
+    is_arrow, meta_dtype, meta_length, normalize_arrow, numpy_meta, pop_validity, register,
+    str_to_type, validity_of, view_as,
 )
 
 
@@ -107,11 +107,7 @@ def decode_parts(meta: dict, buffers: list):
     has_validity = bool(meta["validity"])
     expect_buffers(buffers, has_validity + (2 if kind == "binary" else 1))
     bufs = [as_u8(b) for b in buffers]
-    validity = None
-    if has_validity:
-        validity = bufs.pop(0)
-        check(validity.nbytes >= (n + 7) // 8, "validity bitmap is short")
-        validity = pa.py_buffer(validity)
+    validity = pa.py_buffer(pop_validity(bufs, n)) if has_validity else None
     if kind == "bool":
         check(bufs[0].nbytes >= (n + 7) // 8, "boolean data is short")
         data = [pa.py_buffer(bufs[0])]

@@ -317,14 +317,12 @@ def _prefix_order(columns: list[np.ndarray], presorted_runs: bool = False
         prefix |= off >> np.uint64(bits - take)
         used += take
     order, ties = _packed_argsort(prefix, stable_merge=presorted_runs, ties=True)  # fits
-    tied = _tie_groups(ties)
+    tied = None if complete else _tie_groups(ties)   # complete: equal prefixes, equal rows
     if tied is None:
         return order, _starts_of(ties)
     sub, group = tied
     rows = order[sub]
     order[sub] = rows[_lsd_order([group] + [c[rows] for c in columns])]
-    if complete:     # equal prefixes are equal rows
-        return order, _starts_of(ties)
     # a prefix tie is a duplicate only if every full column agrees (refined: adjacent)
     cand = np.flatnonzero(ties) + 1
     a, b = order[cand - 1], order[cand]

@@ -66,6 +66,14 @@ def key_starts_of(layout: PartLayout) -> np.ndarray:
     return leaf_end[layout.key_bounds.astype(np.int64)]
 
 
+def _expand(layout: PartLayout) -> tuple[Updates, np.ndarray]:
+    """A layout's updates and key starts; one stored (time, diff) needs no leaf bounds."""
+    if len(layout.times) == 1:
+        return expand_singleton(layout.keys, layout.key_bounds, layout.vals,
+                                layout.times[0], layout.diffs[0])
+    return from_layout(layout), key_starts_of(layout)
+
+
 def boundary_key(keys: pa.Table, row: int) -> pa.Table:
     """A one-row copy of ``keys[row]``: a slice would keep the whole part's buffers alive."""
     return keys.take(pa.array([row], pa.int64())).combine_chunks()
@@ -89,11 +97,7 @@ class Part:
 
     def read(self) -> tuple[Updates, np.ndarray]:
         """The part's updates, one row each, and where each key's rows start."""
-        layout = self.layout()
-        if len(layout.times) == 1:
-            return expand_singleton(layout.keys, layout.key_bounds, layout.vals,
-                                    layout.times[0], layout.diffs[0])
-        return from_layout(layout), key_starts_of(layout)
+        return _expand(self.layout())
 
     def release(self) -> None:
         """Let go of resident bytes once a reader has finished with this part."""
@@ -127,11 +131,7 @@ class PagedPart(Part):
             cols.update((k, v) for k, v in self._decode(rest, None).items() if k in rest)
         finally:
             self.release()  # the bytes were copied out (or failed to): let the pages go
-        layout = self._assemble(cols)
-        if singleton:
-            return expand_singleton(layout.keys, layout.key_bounds, layout.vals,
-                                    layout.times[0], layout.diffs[0])
-        return from_layout(layout), key_starts_of(layout)
+        return _expand(self._assemble(cols))
 
     def layout(self) -> PartLayout:
         # a scan reads each block once: through the cache it would only evict the blocks
