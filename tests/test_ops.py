@@ -267,3 +267,41 @@ def test_join_clashing_names_are_prefixed(engine):
     out = adb.join(a, b).read_all()
     assert out.column_names == ["k", "left_x", "y", "right_x", "z", "count"]
     assert out.to_pylist() == [{"k": 1, "left_x": 1, "y": 2, "right_x": 3, "z": 4, "count": 1}]
+
+
+@SETTINGS
+@given(st.sampled_from(["int8", "int64", "uint64"]), st.sampled_from([1, 3, 1000]),
+       st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.integers(0, 2**32 - 1))
+def test_match_keys_pairs_equal_keys(dtype, spread, lfill, rfill, seed):
+    """Both matching kernels (direct-address over a narrow span, merge over a wide one),
+    at the ends of each integer type's range, against a set intersection."""
+    from arrangedb.ops.join import match_keys
+
+    info = np.iinfo(dtype)
+    spread = 1 if dtype == "int8" else spread   # -128..127: offsets overflow int8
+    base = info.max - 255 * spread if dtype == "uint64" else info.min
+    rng = np.random.default_rng(seed)
+
+    def table(fill):
+        picked = np.flatnonzero(rng.random(256) < fill)
+        return pa.table({"k": np.array([base + int(p) * spread for p in picked], dtype)})
+
+    lt, rt = table(lfill), table(rfill)
+    li, ri = match_keys(lt, rt)
+    lk, rk = lt["k"].to_numpy(), rt["k"].to_numpy()
+    assert list(lk[li]) == list(rk[ri])
+    assert sorted(lk[li].tolist()) == sorted(set(lk.tolist()) & set(rk.tolist()))
+
+
+def test_match_keys_offsets_do_not_wrap_narrow_ints():
+    """-128 sets the direct-address table's origin (the fillers make the keys dense
+    enough for it): 0's offset (128) does not fit int8, and wrapped it would land on
+    -27's slot."""
+    from arrangedb.ops.join import match_keys
+
+    fill = list(range(-128, -99))
+    left = pa.table({"k": pa.array(fill + [0, 100], pa.int8())})
+    right = pa.table({"k": pa.array(fill + [-27, 100], pa.int8())})
+    li, ri = match_keys(left, right)
+    n = len(fill)
+    assert (li.tolist(), ri.tolist()) == (list(range(n)) + [n + 1], list(range(n)) + [n + 1])
