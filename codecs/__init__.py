@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import binascii
 import struct
+from contextlib import contextmanager
 
 import numpy as np
 import pyarrow as pa
@@ -29,8 +30,8 @@ from arrangedb.codecs.choose import choose_codec
 
 CODECS = REGISTRY
 
-__all__ = ["CODECS", "CodecError", "Encoded", "choose_codec", "decode", "decode_range", "take",
-           "encode"]
+__all__ = ["CODECS", "CodecError", "Encoded", "choose_codec", "decode", "decode_dictionary",
+           "decode_range", "encode", "take"]
 
 _DECODE_ERRORS = (ValueError, TypeError, KeyError, IndexError, OverflowError, AttributeError,
                   struct.error, binascii.Error, pa.ArrowException, zstandard.ZstdError)
@@ -61,37 +62,48 @@ def decode(codec: str, version: int, meta: dict, buffers):
     return decode_range(codec, version, meta, buffers, 0, None)
 
 
-def take(codec: str, version: int, meta: dict, buffers, rows):
-    """Elements at ``rows`` of an encoding, decoding no more than the codec must."""
-    chosen = lookup(codec, version)
+@contextmanager
+def _reading(codec: str, version: int, meta):
+    """Every failure of a decode as a CodecError naming the codec (corrupt bytes raise
+    all sorts of numpy/Arrow errors)."""
     try:
         if not isinstance(meta, dict):
             raise CodecError(f"metadata must be a dict, got {type(meta).__name__}")
-        rows = np.asarray(rows, np.int64)
-        n = meta.get("length", (meta.get("plain") or {}).get("length"))   # zstd wraps plain
-        if len(rows) and (rows.min() < 0 or (n is not None and rows.max() >= n)):
-            raise CodecError(f"rows out of range for {n} elements")
-        return chosen.take(version, meta, list(buffers), rows)
+        yield
     except CodecError as exc:
         raise CodecError(f"codec {codec!r} version {version}: {exc}") from exc
     except _DECODE_ERRORS as exc:
         raise CodecError(f"codec {codec!r} version {version}: corrupt encoding "
                          f"({type(exc).__name__}: {exc})") from exc
+
+
+def decode_dictionary(codec: str, version: int, meta: dict, buffers):
+    """A dictionary-coded Arrow column as a ``pa.DictionaryArray`` (int32 indices), its
+    values not gathered; None when the encoding is not one (decode it instead)."""
+    chosen = lookup(codec, version)
+    if not hasattr(chosen, "decode_dictionary"):
+        return None
+    with _reading(codec, version, meta):
+        return chosen.decode_dictionary(version, meta, list(buffers))
+
+
+def take(codec: str, version: int, meta: dict, buffers, rows):
+    """Elements at ``rows`` of an encoding, decoding no more than the codec must."""
+    chosen = lookup(codec, version)
+    with _reading(codec, version, meta):
+        rows = np.asarray(rows, np.int64)
+        n = meta.get("length", (meta.get("plain") or {}).get("length"))   # zstd wraps plain
+        if len(rows) and (rows.min() < 0 or (n is not None and rows.max() >= n)):
+            raise CodecError(f"rows out of range for {n} elements")
+        return chosen.take(version, meta, list(buffers), rows)
 
 
 def decode_range(codec: str, version: int, meta: dict, buffers, start: int = 0,
                  stop: int | None = None):
     """Elements [start, stop) of an encoding (slice semantics for out-of-range bounds)."""
     chosen = lookup(codec, version)
-    try:
-        if not isinstance(meta, dict):
-            raise CodecError(f"metadata must be a dict, got {type(meta).__name__}")
+    with _reading(codec, version, meta):
         buffers = list(buffers)
         if start == 0 and stop is None:
             return chosen.decode(version, meta, buffers)
         return chosen.decode_range(version, meta, buffers, start, stop)
-    except CodecError as exc:
-        raise CodecError(f"codec {codec!r} version {version}: {exc}") from exc
-    except _DECODE_ERRORS as exc:
-        raise CodecError(f"codec {codec!r} version {version}: corrupt encoding "
-                         f"({type(exc).__name__}: {exc})") from exc

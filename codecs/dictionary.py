@@ -166,6 +166,34 @@ class Dictionary(Codec):
                                       [vbuf, pa.py_buffer(codes)], null_count=nulls)
         return pa.DictionaryArray.from_arrays(index, dictionary, safe=False).dictionary_decode()
 
+    def decode_dictionary(self, version, meta, buffers) -> pa.DictionaryArray | None:
+        """The column as an Arrow dictionary array (int32 codes, the stored dictionary),
+        its values never gathered: taking and grouping then move 4 bytes per row instead
+        of each row's string. None for a numpy column (no Arrow type to wrap)."""
+        if meta["kind"] == "numpy":
+            return None
+        n = meta_length(meta)
+        buffers = list(buffers)
+        validity = pop_validity(buffers, n) if meta["validity"] else None
+        check(buffers, "missing codes")
+        k = meta["cardinality"]
+        check(meta["code_bits"] == code_bits(k), "code width does not fit the cardinality")
+        codes_buf = buffers.pop(0)
+        dictionary = decode_parts(meta["dict"], buffers)
+        check(len(dictionary) == k, "dictionary length does not match the metadata")
+        t = str_to_type(meta["type"])
+        check(dictionary.type == t, "dictionary type does not match the metadata")
+        vbuf = None if validity is None else pa.py_buffer(validity)
+        if k == 0:
+            check(validity is not None and not _any_valid(validity, n) or n == 0,
+                  "codes into an empty dictionary")
+            codes = np.zeros(n, np.int32)
+        else:
+            codes = gather(np.arange(k, dtype=np.int32), codes_buf, meta["code_bits"], n, 0, n)
+        index = pa.Array.from_buffers(pa.int32(), n, [vbuf, pa.py_buffer(codes)],
+                                      null_count=-1 if validity is not None else 0)
+        return pa.DictionaryArray.from_arrays(index, dictionary, safe=False)
+
 
     def take(self, version, meta, buffers, rows):
         """Strings at ``rows`` from the codes at ``rows``: a lookup touching a few rows

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from arrangedb.codecs import (
-    CODECS, CodecError, Encoded, choose_codec, decode, decode_range, encode, take,
+    CODECS, CodecError, Encoded, choose_codec, decode, decode_dictionary, decode_range, encode,
+    take,
 )
 
 NAMES = ["plain", "offsets", "dict", "for", "decimal", "zstd"]
@@ -421,6 +422,37 @@ def test_helper_thread_offsets_still_reject_bad_codes():
             decode(enc.codec, enc.version, enc.meta, stored)
     finally:
         dictionary.PARALLEL_OFFSETS_FROM = old
+
+
+@SETTINGS
+@given(values=arrow_arrays())
+def test_decode_dictionary_keeps_the_codes(values):
+    """A dict column read as a dictionary array: int32 codes into the stored dictionary,
+    the same values (nulls included) once decoded; other codecs decline."""
+    enc = encode(values, "dict")
+    stored = as_stored(enc.buffers)
+    out = decode_dictionary(enc.codec, enc.version, enc.meta, stored)
+    if enc.codec != "dict":
+        assert out is None
+        return
+    assert out.type == pa.dictionary(pa.int32(), values.type)
+    assert len(out.dictionary) == enc.meta["cardinality"]   # the stored one, not rebuilt
+    assert_same(out.dictionary_decode(), values)
+    assert decode_dictionary("plain", 1, {}, []) is None
+
+
+def test_decode_dictionary_checks_codes_and_lengths():
+    enc = encode(pa.array(["ab", None, "c"] * 100), "dict")
+    for i, buf in enumerate(enc.buffers):
+        stored = as_stored(enc.buffers)
+        stored[i] = stored[i][: len(stored[i]) // 2]
+        with pytest.raises(CodecError, match="dict"):
+            decode_dictionary(enc.codec, enc.version, enc.meta, stored)
+    enc = encode(pa.array(["a", "b", "c", "d", "e"] * 200), "dict")
+    stored = as_stored(enc.buffers)
+    stored[0][7] = 0xF0          # code 15, past the 5-entry dictionary
+    with pytest.raises(CodecError, match="out of range"):
+        decode_dictionary(enc.codec, enc.version, enc.meta, stored)
 
 
 def test_corrupt_contents_raise():
