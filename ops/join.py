@@ -35,6 +35,7 @@ from arrangedb.ops.common import (DEFAULT_BATCH_ROWS, check_batch_rows, check_ti
 from arrangedb.spine.cursor import Block, co_blocks
 from arrangedb.spine.kernels import consolidate
 from arrangedb.spine.order import codes
+from arrangedb.spine.part import as_dictionary, dictionary_schema
 from arrangedb.spine.updates import Updates
 
 HOWS = ("inner", "left", "semi", "anti")
@@ -61,13 +62,50 @@ def prefixed_names(keys: list[str], lvals: list[str], rvals: list[str]
             [f"right_{n}" if n in clash else n for n in rvals])
 
 
-def _schema(left, right, how: str, changes: bool) -> pa.Schema:
+def _dictionary_columns(left, right, how: str, read_dictionary) -> tuple[frozenset, frozenset]:
+    """The left and right val columns (trace names) that ``read_dictionary`` (output
+    names) asks for as dictionary arrays; an error naming any other name or type."""
+    if read_dictionary is None:
+        return frozenset(), frozenset()
+    if isinstance(read_dictionary, str):
+        read_dictionary = [read_dictionary]
+    lnames, rnames = prefixed_names(left.key_names, left.val_names, right.val_names)
+    sides = [(left, lnames)] + ([(right, rnames)] if how in ("inner", "left") else [])
+    where = {out: (i, f) for i, (t, names) in enumerate(sides) if t.val_schema is not None
+             for out, f in zip(names, t.val_schema)}
+    chosen = (set(), set())
+    for name in read_dictionary:
+        if name not in where:
+            raise KeyError(f"read_dictionary: {name!r} is not a val column of the join's "
+                           f"output (val columns: {sorted(where)})")
+        side, field = where[name]
+        t = field.type
+        if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+                or pa.types.is_large_binary(t) or pa.types.is_integer(t)
+                or pa.types.is_dictionary(t)):
+            raise TypeError(f"read_dictionary: column {name!r} is {t}; dictionary arrays "
+                            "are for string, binary and integer columns")
+        chosen[side].add(field.name)
+    return frozenset(chosen[0]), frozenset(chosen[1])
+
+
+def _conform(arrays: list, fields) -> list:
+    """Columns as the output schema types them: a column asked for as a dictionary but
+    read plain (a lookup's, an all-null filler) is dictionary-encoded."""
+    return [as_dictionary(a) if pa.types.is_dictionary(f.type) and a.type != f.type else a
+            for a, f in zip(arrays, fields)]
+
+
+def _schema(left, right, how: str, changes: bool,
+            dictionary: tuple[frozenset, frozenset] = (frozenset(), frozenset())) -> pa.Schema:
     lnames, rnames = prefixed_names(left.key_names, left.val_names, right.val_names)
     fields = list(left.key_schema)
     if left.val_schema is not None:
-        fields += [f.with_name(n) for f, n in zip(left.val_schema, lnames)]
+        fields += [f.with_name(n) for f, n in
+                   zip(dictionary_schema(left.val_schema, dictionary[0]), lnames)]
     if how in ("inner", "left") and right.val_schema is not None:
-        fields += [f.with_name(n).with_nullable(True) for f, n in zip(right.val_schema, rnames)]
+        fields += [f.with_name(n).with_nullable(True) for f, n in
+                   zip(dictionary_schema(right.val_schema, dictionary[1]), rnames)]
     if changes:
         fields += [pa.field("time", pa.uint64()), pa.field("diff", pa.int64())]
     else:
@@ -176,10 +214,11 @@ def _expand(arrays: list[pa.Array], counts: np.ndarray, batch_rows: int):
 
 
 # -- snapshot join ----------------------------------------------------------------------------
-def _snapshot(left, right, at, how, expand, batch_rows, schema):
+def _snapshot(left, right, at, how, expand, batch_rows, schema, dictionary):
     rvals_schema = right.val_schema if how in ("inner", "left") else None
 
     def emit(arrays, counts):
+        arrays = _conform(arrays, schema)
         if expand:
             if len(counts) and counts.min() < 0:
                 raise ValueError("expand=True needs non-negative counts, but the join produced "
@@ -193,7 +232,7 @@ def _snapshot(left, right, at, how, expand, batch_rows, schema):
             yield pa.RecordBatch.from_arrays(arrays + [pa.array(counts, pa.int64())],
                                              schema=schema)
 
-    for lb, rb in co_blocks([left, right], at=at, bag=expand):
+    for lb, rb in co_blocks([left, right], at=at, bag=expand, dictionary=dictionary):
         if len(lb) == 0:
             continue
         li_key, ri_key = match_keys(lb.keys, rb.keys)
@@ -247,10 +286,10 @@ def _delta_terms(dl: Block, dr: Block, left, right, since, batch_rows):
             yield a, b, kidx, li, ri, time_of(li, ri), a.counts[li] * b.counts[ri]
 
 
-def _incremental(left, right, since, upto, batch_rows, schema):
+def _incremental(left, right, since, upto, batch_rows, schema, dictionary):
     nk = len(left.key_names)
     nlv = len(left.val_names)
-    for dl, dr in co_blocks([left, right], changes=(since, upto)):
+    for dl, dr in co_blocks([left, right], changes=(since, upto), dictionary=dictionary):
         # One term alone (only one side changed here) multiplies consolidated inputs: its
         # rows are distinct and nonzero already. Two terms may cancel: consolidate them.
         alone = (len(dl) == 0) != (len(dr) == 0)
@@ -258,7 +297,7 @@ def _incremental(left, right, since, upto, batch_rows, schema):
         for a, b, kidx, li, ri, times, diffs in _delta_terms(dl, dr, left, right, since,
                                                              batch_rows):
             arrays = _take(a.keys, kidx) + _take(a.vals, li) + _take(b.vals, ri)
-            pieces.append((arrays, times, diffs))
+            pieces.append((_conform(arrays, schema), times, diffs))
             if sum(len(p[1]) for p in pieces) >= batch_rows:
                 yield from _consolidated(pieces, nk, nlv, schema, alone)
                 pieces = []
@@ -285,7 +324,7 @@ def _consolidated(pieces, nk, nlv, schema, distinct: bool = False):
 # -- public -----------------------------------------------------------------------------------
 def join(left, right, at: int | None = None, how: str = "inner", since: int | None = None,
          upto: int | None = None, expand: bool = False,
-         batch_rows: int = DEFAULT_BATCH_ROWS) -> pa.RecordBatchReader:
+         batch_rows: int = DEFAULT_BATCH_ROWS, read_dictionary=None) -> pa.RecordBatchReader:
     """Join two traces on their keys.
 
     Snapshot (``since=None``): the key, the left vals, the right vals and ``count`` (the
@@ -296,6 +335,12 @@ def join(left, right, at: int | None = None, how: str = "inner", since: int | No
     Incremental (``since`` given, inner only): the output's changes with
     ``since <= time < upto``, as key, vals, ``time``, ``diff``. Applying them to the
     result at ``since - 1`` gives the result at ``upto - 1``.
+
+    ``read_dictionary``: output val columns (string, binary or integer) to return as
+    Arrow dictionary arrays (int32 codes), as ``pyarrow.parquet.read_table`` does: a
+    column stored dictionary-coded is handed over as its codes and stored dictionary,
+    never gathered per row, so taking rows and grouping on it (``group_by``) move 4
+    bytes per row. The values are the same.
     """
     if how not in HOWS:
         raise ValueError(f"unknown how={how!r}; use one of {', '.join(HOWS)}")
@@ -303,14 +348,15 @@ def join(left, right, at: int | None = None, how: str = "inner", since: int | No
     for name, value in (("at", at), ("since", since), ("upto", upto)):
         check_time(name, value)
     _check_traces(left, right)
+    dictionary = _dictionary_columns(left, right, how, read_dictionary)
     if since is None:
         if upto is not None:
             raise ValueError("upto= needs since= (the incremental form)")
         for t in (left, right):
             t._check_read_time(at)
-        schema = _schema(left, right, how, changes=False)
+        schema = _schema(left, right, how, False, dictionary)
         return pa.RecordBatchReader.from_batches(
-            schema, _snapshot(left, right, at, how, expand, batch_rows, schema))
+            schema, _snapshot(left, right, at, how, expand, batch_rows, schema, dictionary))
     if at is not None:
         raise ValueError("give either at= (a snapshot) or since=/upto= (changes), not both")
     if how != "inner":
@@ -322,6 +368,6 @@ def join(left, right, at: int | None = None, how: str = "inner", since: int | No
     if since > 0:
         for t in (left, right):
             t._check_read_time(since - 1)
-    schema = _schema(left, right, how, changes=True)
+    schema = _schema(left, right, how, True, dictionary)
     return pa.RecordBatchReader.from_batches(
-        schema, _incremental(left, right, since, upto, batch_rows, schema))
+        schema, _incremental(left, right, since, upto, batch_rows, schema, dictionary))

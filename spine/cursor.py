@@ -24,6 +24,7 @@ import pyarrow as pa
 from arrangedb.spine.kernels import accumulate, consolidate, filter_times, key_starts
 from arrangedb.spine.layout import repeat_rows
 from arrangedb.spine.order import codes
+from arrangedb.spine.part import dictionary_schema
 from arrangedb.spine.reader import MergedReader, step_updates
 from arrangedb.spine.updates import Updates
 
@@ -116,8 +117,8 @@ def _may_matter(batch, at, changes, frontier) -> bool:
 
 def co_blocks(traces: list, at: int | None = None,
               changes: tuple[int, int | None] | None = None,
-              window_rows: int | None = None, bag: bool = False
-              ) -> Iterator[tuple[Block, ...]]:
+              window_rows: int | None = None, bag: bool = False,
+              dictionary: list | None = None) -> Iterator[tuple[Block, ...]]:
     """Aligned blocks of several traces: the i-th of each tuple covers one key range.
 
     Snapshot mode (``changes=None``): counts accumulated at ``at``. Changes mode
@@ -127,6 +128,9 @@ def co_blocks(traces: list, at: int | None = None,
     ``bag=True`` (snapshot mode) lets a block hold one (key, val) in several rows whose
     counts add up, when that saves sorting by val: for readers of multisets, such as a
     join expanding its output, that are indifferent to how a count is split.
+
+    ``dictionary``: per trace, names of val columns its blocks hold as dictionary arrays
+    (int32 codes; see :meth:`Part.read`).
     """
     batches, tags = [], []
     for i, t in enumerate(traces):
@@ -136,13 +140,15 @@ def co_blocks(traces: list, at: int | None = None,
         batches += bs
         tags += [i] * len(bs)
     ctx = traces[0].ctx
-    reader = MergedReader(batches, ctx, tags, window_rows)
+    dictionary = [frozenset(d) for d in dictionary] if dictionary else [frozenset()] * len(traces)
+    val_schemas = [dictionary_schema(t.val_schema, d) for t, d in zip(traces, dictionary)]
+    reader = MergedReader(batches, ctx, tags, window_rows, dict(enumerate(dictionary)))
     for step in reader:
         out = []
         for i, t in enumerate(traces):
             mine = [(u, s) for tag, u, s in step if tag == i]
             if not mine:
-                out.append(empty_block(t.key_schema, t.val_schema, changes is not None))
+                out.append(empty_block(t.key_schema, val_schemas[i], changes is not None))
                 continue
             single = len(mine) == 1
             upd, starts = mine[0] if single else (step_updates(step, i), None)

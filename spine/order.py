@@ -116,6 +116,9 @@ def _column_rank(arr: pa.Array) -> np.ndarray:
     values are sorted: cheap for the repeated values arrangements are full of.
     """
     t = arr.type
+    if pa.types.is_dictionary(t) and arr.dictionary.null_count == 0 and \
+            not is_absolute([t.value_type]):   # numbers rank by their total-order codes
+        return _ranks_by_dictionary(arr)   # strings: only the dictionary's values are sorted
     if pa.types.is_dictionary(t):
         arr = arr.dictionary_decode()
         t = arr.type
@@ -127,9 +130,14 @@ def _column_rank(arr: pa.Array) -> np.ndarray:
         if valid is not None:
             rank[~valid] = 0
         return rank
-    enc = pc.dictionary_encode(arr)
+    return _ranks_by_dictionary(pc.dictionary_encode(arr))
+
+
+def _ranks_by_dictionary(enc: pa.DictionaryArray) -> np.ndarray:
+    """Dense ranks of a dictionary array whose dictionary holds no null: the dictionary's
+    ranks (equal values, even repeated in the dictionary, rank equal) taken by the codes."""
     if len(enc.dictionary) == 0:
-        return np.zeros(len(arr), dtype=np.int64)  # every row null
+        return np.zeros(len(enc), dtype=np.int64)  # every row null
     dict_rank = pc.rank(enc.dictionary, sort_keys=[("", "ascending", "at_start")],
                         tiebreaker="dense").to_numpy().astype(np.int64)
     idx = enc.indices

@@ -18,7 +18,7 @@ engine's block cache).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
@@ -74,6 +74,39 @@ def _expand(layout: PartLayout) -> tuple[Updates, np.ndarray]:
     return from_layout(layout), key_starts_of(layout)
 
 
+def dictionary_schema(schema: pa.Schema | None, names: frozenset) -> pa.Schema | None:
+    """``schema`` with the columns ``names`` as dictionaries (int32 codes) of their type."""
+    if schema is None or not names:
+        return schema
+    return pa.schema([f.with_type(pa.dictionary(pa.int32(), f.type))
+                      if f.name in names and not pa.types.is_dictionary(f.type) else f
+                      for f in schema])
+
+
+def as_dictionary(arr) -> pa.Array:
+    """A column as a dictionary array with int32 codes: kept if it is one, else encoded
+    (one hash pass: columns whose part did not store them dictionary-coded)."""
+    if isinstance(arr, np.ndarray):
+        arr = pa.array(arr)
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if pa.types.is_dictionary(arr.type):
+        return arr if arr.type.index_type == pa.int32() else \
+            arr.cast(pa.dictionary(pa.int32(), arr.type.value_type))
+    return arr.dictionary_encode()
+
+
+def with_dictionaries(table: pa.Table | None, names: frozenset) -> pa.Table | None:
+    """``table`` with the columns ``names`` as dictionary arrays (see :func:`as_dictionary`)."""
+    if table is None or not names:
+        return table
+    schema = dictionary_schema(table.schema, names)
+    if schema.equals(table.schema):
+        return table
+    return pa.Table.from_arrays([as_dictionary(c) if f.name in names else c
+                                 for f, c in zip(table.schema, table.columns)], schema=schema)
+
+
 def boundary_key(keys: pa.Table, row: int) -> pa.Table:
     """A one-row copy of ``keys[row]``: a slice would keep the whole part's buffers alive."""
     return keys.take(pa.array([row], pa.int64())).combine_chunks()
@@ -95,9 +128,15 @@ class Part:
         """The layout for ``select_keys``; call ``release()`` once done with it."""
         return self.layout()
 
-    def read(self) -> tuple[Updates, np.ndarray]:
-        """The part's updates, one row each, and where each key's rows start."""
-        return _expand(self.layout())
+    def read(self, dictionary: frozenset = frozenset()) -> tuple[Updates, np.ndarray]:
+        """The part's updates, one row each, and where each key's rows start.
+
+        ``dictionary``: names of val columns to hand over as dictionary arrays (int32
+        codes), their strings not gathered per row."""
+        layout = self.layout()
+        if dictionary:
+            layout = replace(layout, vals=with_dictionaries(layout.vals, dictionary))
+        return _expand(layout)
 
     def release(self) -> None:
         """Let go of resident bytes once a reader has finished with this part."""
@@ -120,7 +159,7 @@ class PagedPart(Part):
     schemas: tuple = field(default=(None, None), repr=False)
     cache: object = field(default=None, repr=False)   # the engine's BlockCache, if any
 
-    def read(self) -> tuple[Updates, np.ndarray]:
+    def read(self, dictionary: frozenset = frozenset()) -> tuple[Updates, np.ndarray]:
         try:
             cols = self._decode(("times", "diffs"), None)
             # under one stored (time, diff) the leaf bounds say nothing: not even decoded
@@ -128,10 +167,11 @@ class PagedPart(Part):
             keyed = not singleton or self.columns.get("vals") is not None
             rest = ("keys", "vals") + (("key_bounds",) if keyed else ()) + \
                 (() if singleton else ("val_bounds",))
-            cols.update((k, v) for k, v in self._decode(rest, None).items() if k in rest)
+            cols.update((k, v) for k, v in self._decode(rest, None, dictionary).items()
+                        if k in rest)
         finally:
             self.release()  # the bytes were copied out (or failed to): let the pages go
-        return _expand(self._assemble(cols))
+        return _expand(self._assemble(cols, dictionary=dictionary))
 
     def layout(self) -> PartLayout:
         # a scan reads each block once: through the cache it would only evict the blocks
@@ -151,7 +191,7 @@ class PagedPart(Part):
             cols[name] = _Rows(self, self.columns[name][0])
         return self._assemble(cols, tables=False)
 
-    def _decode(self, names, cache) -> dict:
+    def _decode(self, names, cache, dictionary: frozenset = frozenset()) -> dict:
         from arrangedb.spine.storage import decode_column  # storage imports part
 
         cols = dict.fromkeys(_FIELDS)
@@ -159,16 +199,24 @@ class PagedPart(Part):
             groups = self.columns.get(name)
             if groups is None:
                 continue
-            arrays = [decode_column(self.pagefile, g, cache) for g in groups]
+            if name == "vals" and dictionary:
+                fields = self.schemas[1].names
+                arrays = [as_dictionary(decode_column(self.pagefile, g, cache, True))
+                          if f in dictionary else decode_column(self.pagefile, g, cache)
+                          for f, g in zip(fields, groups)]
+            else:
+                arrays = [decode_column(self.pagefile, g, cache) for g in groups]
             cols[name] = arrays if name in ("keys", "vals") else arrays[0]
         return cols
 
-    def _assemble(self, cols: dict, tables: bool = True) -> PartLayout:
+    def _assemble(self, cols: dict, tables: bool = True,
+                  dictionary: frozenset = frozenset()) -> PartLayout:
         key_schema, val_schema = self.schemas
         keys = _table(cols["keys"], key_schema)
         vals = cols["vals"]
         if tables:
-            vals = _table(vals, val_schema) if val_schema is not None else None
+            vals = (_table(vals, dictionary_schema(val_schema, dictionary))
+                    if val_schema is not None else None)
         return PartLayout(keys, cols["key_bounds"], vals, cols["val_bounds"],
                           cols["times"], cols["diffs"])
 

@@ -28,9 +28,11 @@ from arrangedb.spine.updates import Updates
 
 
 class BatchReader:
-    def __init__(self, batch: Batch, ctx: StorageContext, start_part: int = 0):
+    def __init__(self, batch: Batch, ctx: StorageContext, start_part: int = 0,
+                 dictionary: frozenset = frozenset()):
         self.batch = batch
         self.ctx = ctx
+        self.dictionary = dictionary   # val columns read as dictionary arrays
         self._part_index = start_part - 1
         self._updates: Updates | None = None
         self._key_starts: np.ndarray | None = None
@@ -52,7 +54,7 @@ class BatchReader:
             part = self.batch.parts[self._part_index]
             if part.num_updates == 0:
                 continue
-            upd, starts = part.read()
+            upd, starts = part.read(self.dictionary)
             self._reserved = upd.nbytes
             self.ctx.reserve(self._reserved, "decoded part")
             self._updates, self._key_starts, self._pos = upd, starts, 0
@@ -94,11 +96,14 @@ class MergedReader:
     """Steps of all sources' updates over increasing, disjoint key ranges."""
 
     def __init__(self, batches: list[Batch], ctx: StorageContext, tags: list[int] | None = None,
-                 window_rows: int | None = None):
+                 window_rows: int | None = None, dictionary: dict | None = None):
+        """``dictionary``: per tag, the val columns to read as dictionary arrays."""
         self.ctx = ctx
         self.window_rows = window_rows or ctx.window_rows
         tags = tags if tags is not None else [0] * len(batches)
-        self._sources = [(BatchReader(b, ctx), t) for b, t in zip(batches, tags) if len(b)]
+        dictionary = dictionary or {}
+        self._sources = [(BatchReader(b, ctx, dictionary=dictionary.get(t, frozenset())), t)
+                         for b, t in zip(batches, tags) if len(b)]
         # a step holds a window of every source and its kernels several copies of the
         # step: keep the step's total, not each source's share, proportional to the
         # budget, so a wide merge costs no more memory than a narrow one

@@ -21,7 +21,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.codecs import CodecError, choose_codec, decode, encode, take, zstd_blocks
+from arrangedb.codecs import (CodecError, choose_codec, decode, decode_dictionary, encode, take,
+                              zstd_blocks)
 from arrangedb.codecs.base import lookup
 from arrangedb.spine.layout import PartLayout
 from arrangedb.spine.part import PagedPart, boundary_key, payload_bytes
@@ -93,7 +94,7 @@ def write_part(writer, index: int, layout: PartLayout, codec: str, schemas,
     )
 
 
-def decode_column(pagefile, group: dict, cache=None):
+def decode_column(pagefile, group: dict, cache=None, dictionary: bool = False):
     """Decode one column of a part, copying its bytes out of the mapping first.
 
     Decoded arrays may be views of the bytes they were decoded from. Were those the
@@ -104,11 +105,18 @@ def decode_column(pagefile, group: dict, cache=None):
 
     zstd columns with a ``cache`` (:class:`BlockCache`) decode from cached blocks,
     decompressing (straight out of the mapping: that is the copy) only the missing ones.
+
+    ``dictionary=True``: a dict-coded Arrow column comes back as a dictionary array (its
+    codes and stored dictionary, values not gathered); other columns decode as usual.
     """
     if cache is not None and group["codec"] == "zstd":
         return _through_cache(pagefile, group, cache, zstd_blocks.decode_from_blocks)
     buffers = [np.frombuffer(pagefile.buffer(r), dtype=np.uint8).copy()
                for r in group["regions"][: group["nbuffers"]]]
+    if dictionary:
+        out = decode_dictionary(group["codec"], group["version"], group["meta"], buffers)
+        if out is not None:
+            return out
     return decode(group["codec"], group["version"], group["meta"], buffers)
 
 

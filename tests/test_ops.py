@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import arrangedb as adb
+from test_spine_units import memory_trace
 
 SETTINGS = settings(max_examples=25, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -305,3 +306,111 @@ def test_match_keys_offsets_do_not_wrap_narrow_ints():
     li, ri = match_keys(left, right)
     n = len(fill)
     assert (li.tolist(), ri.tolist()) == (list(range(n)) + [n + 1], list(range(n)) + [n + 1])
+
+
+def _string_side(rng, n, nkeys, name, cardinality):
+    """Keys in [0, nkeys), string vals from ``cardinality`` values (a fifth null)."""
+    pool = np.array([f"v{i}é" * (1 + i % 3) for i in range(cardinality)], dtype=object)
+    vals = pool[rng.integers(0, cardinality, n)] if n else np.zeros(0, object)
+    return pa.table({"k": pa.array(rng.integers(0, nkeys, n), pa.int64()),
+                     name: pa.array(vals, pa.string(), mask=rng.random(n) < 0.2)})
+
+
+def _plain(table: pa.Table) -> pa.Table:
+    return table.cast(pa.schema([f.with_type(f.type.value_type)
+                                 if pa.types.is_dictionary(f.type) else f for f in table.schema]))
+
+
+@SETTINGS
+@given(st.integers(0, 300), st.integers(0, 300), st.integers(1, 40),
+       st.sampled_from([3, 5000]), st.booleans(), st.integers(0, 2**32 - 1))
+def test_join_read_dictionary_is_the_same_join(tmp_path_factory, nl, nr, nkeys, cardinality,
+                                               retract, seed):
+    """Dictionary-typed val columns carry the same values as the plain join's, for every
+    how, from dict-coded parts (3 values) and from parts stored otherwise (5000), over
+    several batches (accumulated) and incrementally."""
+    rng = np.random.default_rng(seed)
+    L = _string_side(rng, nl, nkeys, "a", cardinality)
+    R = _string_side(rng, nr, nkeys, "b", 3)
+
+    def change(t, table, name, card):   # a second batch: retract some rows, insert others
+        gone = table.slice(0, table.num_rows // 2)
+        rows = pa.concat_tables([gone, _string_side(rng, table.num_rows // 3, nkeys, name,
+                                                    card)])
+        diffs = [-1] * gone.num_rows + [1] * (rows.num_rows - gone.num_rows)
+        t.insert(rows.append_column("t", pa.array([1] * len(diffs), pa.uint64()))
+                 .append_column("d", pa.array(diffs, pa.int64())), time="t", diff="d")
+
+    with adb.Engine(spill_dir=tmp_path_factory.mktemp("d"), memory_budget="64MiB") as e:
+        paged = (e.arrange(L, key=["k"]), e.arrange(R, key=["k"]))
+        resident = (memory_trace(L, key=["k"]), memory_trace(R, key=["k"]))
+        for lt, rt in (paged, resident):
+            if retract:
+                change(lt, L, "a", cardinality)
+                change(rt, R, "b", 3)
+            for how, names in (("inner", ["a", "b"]), ("left", ["b"]), ("semi", "a")):
+                got = adb.join(lt, rt, how=how, read_dictionary=names).read_all()
+                for n in [names] if isinstance(names, str) else names:
+                    assert got.schema.field(n).type == pa.dictionary(pa.int32(), pa.string())
+                assert bag(_plain(got)) == bag(adb.join(lt, rt, how=how).read_all()), how
+            if retract:   # both sides changed: looked-up (plain) and read (dictionary) vals
+                got = adb.join(lt, rt, since=1, upto=2, read_dictionary=["a", "b"]).read_all()
+                assert bag(_plain(got)) == bag(adb.join(lt, rt, since=1, upto=2).read_all())
+
+
+def test_read_dictionary_hands_over_stored_codes(engine):
+    """From a dict-coded paged part the dictionary is the stored one (3 entries), never
+    rebuilt from per-row strings; bad names and types are refused before any work."""
+    rng = np.random.default_rng(5)
+    L = _string_side(rng, 5000, 100, "a", 3)
+    lt = engine.arrange(L, key=["k"])
+    part = lt.spine.batches()[0].parts[0]
+    assert type(part).__name__ == "PagedPart" and part.columns["vals"][0]["codec"] == "dict"
+    upd, _ = part.read(frozenset({"a"}))
+    assert len(upd.vals.column("a").chunk(0).dictionary) == 3
+    with pytest.raises(KeyError, match="read_dictionary: 'k' is not a val column"):
+        adb.join(lt, lt, read_dictionary=["k"])
+    nums = engine.arrange(pa.table({"k": [1], "x": [1.5]}), key=["k"])
+    with pytest.raises(TypeError, match="column 'left_x' is double"):
+        adb.join(nums, nums, read_dictionary=["left_x"])
+
+
+@SETTINGS
+@given(st.integers(0, 3000), st.integers(1, 30), st.booleans(), st.sampled_from([1, 2, 10**17]),
+       st.integers(0, 2**32 - 1))
+def test_group_by_on_a_dictionary_column_is_the_same_group_by(tmp_path_factory, n, ngroups,
+                                                               null_keys, weight_scale, seed):
+    """Grouping on dictionary codes (bincount; Arrow's hashing for min/max and for weights
+    too large for exact float sums) gives what grouping on the strings gives, with null
+    keys, several dictionaries in one stream and signed, zero and huge weights."""
+    rng = np.random.default_rng(seed)
+    pool = pa.array([f"g{i}" for i in range(ngroups)])
+    batches = []
+    for lo in range(0, n, 700):
+        m = min(700, n - lo)
+        perm = pa.array(rng.permutation(ngroups))       # each batch its own dictionary
+        idx = pa.array(rng.integers(0, ngroups, m), pa.int32(),
+                       mask=(rng.random(m) < 0.1) if null_keys else None)
+        batches.append(pa.record_batch({
+            "g": pa.DictionaryArray.from_arrays(idx, pool.take(perm)),
+            "x": pa.array(rng.integers(-50, 50, m), mask=rng.random(m) < 0.1),
+            "f": rng.normal(size=m),
+            "count": rng.integers(-1, 3, m) * weight_scale}))
+    schema = batches[0].schema if batches else pa.schema(
+        [("g", pa.dictionary(pa.int32(), pa.string())), ("x", pa.int64()), ("f", pa.float64()),
+         ("count", pa.int64())])
+    plain = [_plain(pa.Table.from_batches([b])).to_batches()[0] for b in batches]
+    for aggs in ({"n": ("count", None), "s": ("sum", "x"), "m": ("mean", "f"),
+                  "nx": ("count", "x")},
+                 {"n": ("count", None), "hi": ("max", "x")}):
+        with adb.Engine(spill_dir=tmp_path_factory.mktemp("g"), memory_budget="64MiB") as e:
+            got = adb.group_by(pa.RecordBatchReader.from_batches(schema, iter(batches)), by="g",
+                               aggs=aggs, engine=e).read_all()
+            want = adb.group_by(pa.RecordBatchReader.from_batches(_plain(
+                schema.empty_table()).schema, iter(plain)), by="g", aggs=aggs,
+                engine=e).read_all()
+        assert got.schema == want.schema
+        rows = lambda t: sorted(((r["g"] is None, r["g"] or ""), tuple(   # noqa: E731
+            round(v, 6) if isinstance(v, float) else v for k, v in r.items() if k != "g"))
+            for r in t.to_pylist())
+        assert rows(got) == rows(want)

@@ -61,6 +61,32 @@ def test_string_codes_compare_across_tables_like_bytes(xs, ys):
             assert (cx[i] == cy[j]) == (ea == eb)
 
 
+@given(st.lists(st.one_of(st.none(), st.text(max_size=4)), min_size=1, max_size=30),
+       st.lists(st.one_of(st.none(), st.text(max_size=4)), min_size=1, max_size=30),
+       st.booleans())
+def test_dictionary_codes_compare_like_their_values(xs, ys, repeat):
+    """Dictionary columns (one dictionary per table, possibly holding a value twice) code
+    exactly as their decoded strings do, nulls first."""
+    def as_dict(values):
+        enc = pa.array(values, pa.string()).dictionary_encode()
+        d, idx = enc.dictionary, enc.indices
+        if repeat and len(d):   # a dictionary holding its first value twice, codes to both
+            odd = np.arange(len(idx)) % 2 == 1
+            i = idx.fill_null(1).to_numpy(zero_copy_only=False)
+            idx = pa.array(np.where((i == 0) & odd, len(d), i).astype(np.int32),
+                           mask=idx.is_null().to_numpy(zero_copy_only=False))
+            d = pa.concat_arrays([d, d.slice(0, 1)])
+        return pa.DictionaryArray.from_arrays(idx, d)
+
+    plain = codes([pa.table({"s": pa.array(xs, pa.string())}),
+                   pa.table({"s": pa.array(ys, pa.string())})], ["s"])
+    coded = codes([pa.table({"s": as_dict(xs)}), pa.table({"s": as_dict(ys)})], ["s"])
+    both_plain, both_coded = np.concatenate(plain), np.concatenate(coded)
+    assert np.array_equal(np.argsort(both_plain, kind="stable"),
+                          np.argsort(both_coded, kind="stable"))
+    assert np.array_equal(both_plain[:, None] == both_plain, both_coded[:, None] == both_coded)
+
+
 def test_multi_column_codes_with_nulls():
     t = pa.table({"a": ["x", None, "x", "w", None], "b": [2, 1, None, 5, 1]})
     (c,) = codes([t], ["a", "b"])
