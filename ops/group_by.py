@@ -77,6 +77,8 @@ class _Partials:
                 else:  # min / max over rows present with a positive weight
                     cols[pname] = pc.if_else(pa.array(w > 0), arr, pa.nulls(n, arr.type))
         fast = _bincount_groups(chunk, self.by, cols)
+        if fast is None:
+            fast = _run_groups(chunk, self.by, cols)
         if fast is not None:
             return fast
         table = {b: chunk.column(b) for b in self.by}
@@ -87,6 +89,11 @@ class _Partials:
     def combine(self, table: pa.Table) -> pa.Table:
         specs = [(c, _COMBINE[c.rsplit("__", 1)[1]]) for c in table.column_names
                  if c not in self.by]
+        if all(fn == "sum" for _, fn in specs):   # partials of consecutive sorted chunks
+            sums = {c: table.column(c).to_numpy() for c, _ in specs}
+            fast = _run_groups(table, self.by, sums)
+            if fast is not None:
+                return fast
         out = table.group_by(self.by, use_threads=False).aggregate(specs)
         out = pa.table({c: _decoded(out.column(c)) for c in out.column_names})
         return out.rename_columns([c.rsplit("_", 1)[0] if c not in self.by else c
@@ -168,6 +175,27 @@ def _bincount_groups(chunk: pa.Table, by: list[str], cols: dict) -> pa.Table | N
             continue
         sums = np.bincount(codes, weights=c, minlength=k + 1)[present]
         out[p] = pa.array(sums.astype(np.int64) if c.dtype.kind in "iu" else sums)
+    return pa.table(out)
+
+
+def _run_groups(chunk: pa.Table, by: list[str], cols: dict) -> pa.Table | None:
+    """Partials of a chunk whose one integer group column is sorted (a stream in key
+    order, such as a trace's changes grouped by its key): runs of equal keys summed by
+    ``np.add.reduceat``, exact for integers, no hashing. None when that does not apply."""
+    if len(by) != 1 or any(not isinstance(c, np.ndarray) and c is not None
+                           for c in cols.values()):
+        return None
+    column = chunk.column(by[0])
+    if not pa.types.is_integer(column.type) or column.null_count or len(column) == 0:
+        return None
+    keys = column.to_numpy()
+    if (keys[1:] < keys[:-1]).any():
+        return None
+    starts = np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1]]))
+    out = {by[0]: pa.array(keys[starts], column.type)}
+    for p, c in cols.items():
+        out[p] = pa.array(np.diff(np.append(starts, len(keys))) if c is None
+                          else np.add.reduceat(c, starts))
     return pa.table(out)
 
 

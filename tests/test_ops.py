@@ -414,3 +414,36 @@ def test_group_by_on_a_dictionary_column_is_the_same_group_by(tmp_path_factory, 
             round(v, 6) if isinstance(v, float) else v for k, v in r.items() if k != "g"))
             for r in t.to_pylist())
         assert rows(got) == rows(want)
+
+
+@SETTINGS
+@given(st.integers(0, 3000), st.integers(1, 500), st.sampled_from(["int64", "uint64", "int8"]),
+       st.sampled_from(["sorted", "descending", "shuffled"]), st.integers(0, 2**32 - 1))
+def test_group_by_on_sorted_integer_keys_matches_duckdb(tmp_path_factory, n, nkeys, dtype,
+                                                        order, seed):
+    """A stream in key order (a trace's changes grouped by its key) is summed run by run;
+    descending (uint64 too: its differences wrap) and shuffled streams must not be."""
+    rng = np.random.default_rng(seed)
+    info = np.iinfo(dtype)
+    g = np.sort(rng.integers(max(info.min, -nkeys), min(info.max, nkeys), n)).astype(dtype)
+    if dtype == "uint64":
+        g = g + np.uint64(2**63)   # beyond int64
+    if order == "descending":
+        g = g[::-1].copy()
+    elif order == "shuffled":
+        rng.shuffle(g)
+    T = pa.table({"g": pa.array(g), "x": pa.array(rng.integers(-9, 9, n),
+                                                  mask=rng.random(n) < 0.1),
+                  "count": rng.integers(-1, 4, n)})
+    aggs = {"n": ("count", None), "s": ("sum", "x"), "nx": ("count", "x"), "m": ("mean", "x")}
+    with adb.Engine(spill_dir=tmp_path_factory.mktemp("r"), memory_budget="64MiB") as e:
+        got = adb.group_by(pa.RecordBatchReader.from_batches(T.schema, T.to_batches(317)),
+                           by="g", aggs=aggs, engine=e).read_all()
+    want = sql("select g, sum(count) n, cast(sum(x * count) as bigint) s, "
+               "sum(case when x is null then 0 else count end) nx, "
+               "sum(x * count) / nullif(sum(case when x is null then 0 else count end), 0) m "
+               "from T group by g", T=T)
+    rows = lambda t: sorted((r["g"], r["n"], r["s"], r["nx"],   # noqa: E731
+                             None if r["m"] is None else round(r["m"], 9))
+                            for r in t.to_pylist())
+    assert rows(got) == rows(want)
