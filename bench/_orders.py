@@ -19,9 +19,10 @@ Cases (each measured for arrangedb and DuckDB, at one memory budget):
     arrangements are merged to one batch each when built (``merge_all``, as an idle
     spine's ``exert`` would leave them). arrangedb has two plans, reported separately:
 
-    * ``plain``: ``group_by(join(orders_t, customers_t), by="region")`` -- a full
-      merge join of the two arrangements (one row per (customer, amount)), each row
-      weighed by the join's ``count``;
+    * ``plain``: ``group_by(join(orders_t, customers_t, read_dictionary=["region"]),
+      by="region")`` -- a full merge join of the two arrangements (one row per
+      (customer, amount)), each row weighed by the join's ``count``; region comes out
+      as dictionary codes, which group_by counts with ``bincount``;
     * ``preagg``: built alongside the arrangements (not timed), an arrangement of
       orders reduced per customer (``reduce(orders_t, n=count, s=sum(amount))``,
       arranged by customer_id); the warm query joins that key-level arrangement
@@ -102,6 +103,7 @@ BUDGETS = {"512MiB": "512MB", "128MiB": "128MB"}   # arrangedb budget -> DuckDB 
 AGGS = {"orders": ("count", None), "amount": ("sum", "amount")}
 PREAGGS = {"n": ("count", None), "s": ("sum", "amount")}
 PREAGG_SUMS = {"orders": ("sum", "n"), "amount": ("sum", "s")}
+REGION = ["region"]   # joins hand region over as dictionary codes: group_by bincounts them
 
 QUERY = """
 SELECT c.region AS region, count(*) AS orders, sum(o.amount) AS amount
@@ -287,14 +289,14 @@ def ad_build_preagg(engine, orders_t):
 def ad_plain(engine, orders_t, customers_t) -> pa.Table:
     from arrangedb import group_by, join
 
-    return _read_all(group_by(join(orders_t, customers_t, expand=False), by="region",
+    return _read_all(group_by(join(orders_t, customers_t, read_dictionary=REGION), by="region",
                               aggs=AGGS, weight="count", engine=engine)).sort_by("region")
 
 
 def ad_preagg(engine, preagg_t, customers_t) -> pa.Table:
     from arrangedb import group_by, join
 
-    return _read_all(group_by(join(preagg_t, customers_t, expand=False), by="region",
+    return _read_all(group_by(join(preagg_t, customers_t, read_dictionary=REGION), by="region",
                               aggs=PREAGG_SUMS, weight="count", engine=engine)
                      ).sort_by("region")
 
@@ -315,7 +317,8 @@ def ad_plain_change(engine, orders_t, customers_t) -> pa.Table:
     """The plain result's change over [1, 2): join's changes, weighed by diff per region."""
     from arrangedb import group_by, join
 
-    return _read_all(group_by(join(orders_t, customers_t, since=1, upto=2), by="region",
+    return _read_all(group_by(join(orders_t, customers_t, since=1, upto=2,
+                                   read_dictionary=REGION), by="region",
                               aggs=AGGS, weight="diff", engine=engine))
 
 
@@ -363,7 +366,8 @@ def ad_preagg_change(engine, orders_t, preagg_t, customers_t) -> pa.Table:
     if delta.num_rows:
         preagg_t.insert(pa.RecordBatchReader.from_batches(schema, updates()),
                         time="time", diff="diff")
-    return _read_all(group_by(join(preagg_t, customers_t, since=1, upto=2), by="region",
+    return _read_all(group_by(join(preagg_t, customers_t, since=1, upto=2,
+                                   read_dictionary=REGION), by="region",
                               aggs=PREAGG_SUMS, weight="diff", engine=engine))
 
 
