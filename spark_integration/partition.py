@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from arrangedb.spine.part import dictionary_schema
+
 SIDE = "__arrangedb_side"
 NULLS = "__arrangedb_nulls"
 
@@ -136,13 +138,18 @@ def join_partition(batches, spec: JoinSpec, then: "ReduceSpec | None" = None):
     task = _Task(spec.cfg, spec.metrics)
     pid, batches = _partition_id(batches)
     with task.engine() as engine:
-        joined = _joined(batches, spec, task, engine, pid)
         if then is None:
-            for out in joined:
+            for out in _joined(batches, spec, task, engine, pid):
                 task.rows_out += out.num_rows
                 yield out
         else:
-            stream = pa.RecordBatchReader.from_batches(spec.out_schema, joined)
+            # string group columns travel from the join to group_by as dictionary codes
+            # (grouped by bincount); the partials leave the task as plain strings
+            coded = [b for b in then.by
+                     if b not in spec.keys and _is_string(spec.out_schema.field(b).type)]
+            schema = dictionary_schema(spec.out_schema, frozenset(coded))
+            stream = pa.RecordBatchReader.from_batches(
+                schema, _joined(batches, spec, task, engine, pid, coded, schema))
             for out in adb.group_by(stream, then.by, then.aggs, weight=None, engine=engine,
                                     phase="partial"):
                 task.rows_out += out.num_rows
@@ -150,7 +157,12 @@ def join_partition(batches, spec: JoinSpec, then: "ReduceSpec | None" = None):
         task.report(engine)
 
 
-def _joined(batches, spec: JoinSpec, task: _Task, engine, pid: int):
+def _is_string(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def _joined(batches, spec: JoinSpec, task: _Task, engine, pid: int,
+            read_dictionary: list[str] | None = None, schema: pa.Schema | None = None):
     import arrangedb as adb
 
     left = engine.load(os.path.join(spec.left_path, f"part-{pid:05d}")) \
@@ -174,8 +186,9 @@ def _joined(batches, spec: JoinSpec, task: _Task, engine, pid: int):
             rb.add(_rename(batch, rsel, spec.right_schema.names))
     left = left if lb is None else lb.done()
     right = right if rb is None else rb.done()
-    for out in adb.join(left, right, how=spec.how, expand=True, batch_rows=spec.batch_rows):
-        yield pa.RecordBatch.from_arrays(out.columns[:-1], schema=spec.out_schema)
+    for out in adb.join(left, right, how=spec.how, expand=True, batch_rows=spec.batch_rows,
+                        read_dictionary=read_dictionary or None):
+        yield pa.RecordBatch.from_arrays(out.columns[:-1], schema=schema or spec.out_schema)
 
 
 @dataclass
