@@ -167,6 +167,12 @@ def product_chunks(lb: Block, rb: Block, li_key: np.ndarray, ri_key: np.ndarray,
 
     ``want_keys=False``: the caller reads keys off the left rows; many-to-one chunks then
     carry None for the left key indices instead of a repeat of them."""
+    if len(lb) == lb.num_keys and len(rb) == rb.num_keys:
+        # one row per key on both sides (key-level arrangements): keys index rows
+        for lo in range(0, len(li_key), batch_rows):
+            hi = lo + batch_rows
+            yield li_key[lo:hi], li_key[lo:hi], ri_key[lo:hi]
+        return
     lstart, nl = lb.key_bounds[li_key], np.diff(lb.key_bounds)[li_key]
     rstart, nr = rb.key_bounds[ri_key], np.diff(rb.key_bounds)[ri_key]
     if (nr == 1).all():   # many-to-one (a foreign key): each left row meets one right row
