@@ -290,8 +290,9 @@ def ad_build_preagg(engine, orders_t):
 def ad_plain(engine, orders_t, customers_t) -> pa.Table:
     from arrangedb import group_by, join
 
-    return _read_all(group_by(join(orders_t, customers_t, expand=True, read_dictionary=REGION), by="region",
-                              aggs=AGGS, weight="count", engine=engine)).sort_by("region")
+    joined = join(orders_t, customers_t, expand=True, read_dictionary=REGION)
+    return _read_all(group_by(joined, by="region", aggs=AGGS, weight="count",
+                              engine=engine)).sort_by("region")
 
 
 def ad_preagg(engine, preagg_t, customers_t) -> pa.Table:

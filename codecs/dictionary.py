@@ -128,27 +128,13 @@ class Dictionary(Codec):
         if not numpy_out and (start, stop) != (0, None):
             return super().decode_range(version, meta, buffers, start, stop)
         start, stop = clamp_range(n, start, stop)
-        buffers = list(buffers)
-        validity = pop_validity(buffers, n) if not numpy_out and meta["validity"] else None
-        check(buffers, "missing codes")
-        k = meta["cardinality"]
-        check(meta["code_bits"] == code_bits(k), "code width does not fit the cardinality")
-        codes_buf = buffers.pop(0)
-        bits = meta["code_bits"]
-        dictionary = decode_parts(meta["dict"], buffers)
-        check(len(dictionary) == k, "dictionary length does not match the metadata")
+        validity, codes_buf, dictionary = _parts(meta, buffers, n, start, stop)
+        k, bits = len(dictionary), meta["code_bits"]
         if k == 0:  # only all-null (or empty) columns have an empty dictionary
-            view_as(codes_buf, np.uint8, -(-n * bits // 8), "dict codes")
-            check(stop == start or validity is not None and not _any_valid(validity, n),
-                  "codes into an empty dictionary")
-            if numpy_out:
-                return dictionary[:0]
-            return pa.nulls(n, str_to_type(meta["type"]))
+            return dictionary[:0] if numpy_out else pa.nulls(n, dictionary.type)
         if numpy_out:
-            check(isinstance(dictionary, np.ndarray), "numpy dict needs a numpy dictionary")
             return gather(dictionary, codes_buf, bits, n, start, stop)
-        t = str_to_type(meta["type"])
-        check(dictionary.type == t, "dictionary type does not match the metadata")
+        t = dictionary.type
         vbuf = None if validity is None else pa.py_buffer(validity)
         nulls = -1 if validity is not None else 0
         if int_storage_dtype(t) is not None:
@@ -173,49 +159,55 @@ class Dictionary(Codec):
         if meta["kind"] == "numpy":
             return None
         n = meta_length(meta)
-        buffers = list(buffers)
-        validity = pop_validity(buffers, n) if meta["validity"] else None
-        check(buffers, "missing codes")
-        k = meta["cardinality"]
-        check(meta["code_bits"] == code_bits(k), "code width does not fit the cardinality")
-        codes_buf = buffers.pop(0)
-        dictionary = decode_parts(meta["dict"], buffers)
-        check(len(dictionary) == k, "dictionary length does not match the metadata")
-        t = str_to_type(meta["type"])
-        check(dictionary.type == t, "dictionary type does not match the metadata")
-        vbuf = None if validity is None else pa.py_buffer(validity)
-        if k == 0:
-            check(validity is not None and not _any_valid(validity, n) or n == 0,
-                  "codes into an empty dictionary")
-            codes = np.zeros(n, np.int32)
-        else:
-            codes = gather(np.arange(k, dtype=np.int32), codes_buf, meta["code_bits"], n, 0, n)
-        index = pa.Array.from_buffers(pa.int32(), n, [vbuf, pa.py_buffer(codes)],
-                                      null_count=-1 if validity is not None else 0)
+        validity, codes_buf, dictionary = _parts(meta, buffers, n, 0, n)
+        k = len(dictionary)
+        codes = (gather(np.arange(k, dtype=np.int32), codes_buf, meta["code_bits"], n, 0, n)
+                 if k else np.zeros(n, np.int32))
+        index = pa.Array.from_buffers(pa.int32(), n, [
+            None if validity is None else pa.py_buffer(validity), pa.py_buffer(codes)],
+            null_count=-1 if validity is not None else 0)
         return pa.DictionaryArray.from_arrays(index, dictionary, safe=False)
-
 
     def take(self, version, meta, buffers, rows):
         """Strings at ``rows`` from the codes at ``rows``: a lookup touching a few rows
         of a part gathers only their strings, never the whole column's."""
         if meta["kind"] == "numpy" or meta["cardinality"] == 0:
             return super().take(version, meta, buffers, rows)
-        n, k, bits = meta_length(meta), meta["cardinality"], meta["code_bits"]
-        check(bits == code_bits(k), "code width does not fit the cardinality")
-        buffers = list(buffers)
-        valid = None
-        if meta["validity"]:
-            bitmap = pop_validity(buffers, n)
-            valid = np.unpackbits(bitmap[: (n + 7) // 8], bitorder="little")[rows].astype(bool)
-        check(buffers, "missing codes")
-        codes_buf = buffers.pop(0)
-        dictionary = decode_parts(meta["dict"], buffers)
-        check(len(dictionary) == k, "dictionary length does not match the metadata")
-        codes = gather(np.arange(k, dtype=code_dtype(k)), codes_buf, bits, n, 0, n)[rows]
+        n = meta_length(meta)
+        bitmap, codes_buf, dictionary = _parts(meta, buffers, n, 0, n)
+        valid = (None if bitmap is None else
+                 np.unpackbits(bitmap[: (n + 7) // 8], bitorder="little")[rows].astype(bool))
+        k = len(dictionary)
+        codes = gather(np.arange(k, dtype=code_dtype(k)), codes_buf, meta["code_bits"], n,
+                       0, n)[rows]
         out = dictionary.take(pa.array(codes))
         if valid is not None and not valid.all():
             out = pc.if_else(pa.array(valid), out, pa.nulls(len(rows), out.type))
         return out
+
+
+def _parts(meta: dict, buffers, n: int, start: int, stop: int):
+    """Validity (Arrow columns), codes buffer and dictionary of an encoding, checked
+    against the metadata; an empty dictionary only under rows [start, stop) all null."""
+    buffers = list(buffers)
+    arrow = meta["kind"] != "numpy"
+    validity = pop_validity(buffers, n) if arrow and meta["validity"] else None
+    check(buffers, "missing codes")
+    k = meta["cardinality"]
+    check(meta["code_bits"] == code_bits(k), "code width does not fit the cardinality")
+    codes_buf = buffers.pop(0)
+    dictionary = decode_parts(meta["dict"], buffers)
+    check(len(dictionary) == k, "dictionary length does not match the metadata")
+    if arrow:
+        check(dictionary.type == str_to_type(meta["type"]),
+              "dictionary type does not match the metadata")
+    else:
+        check(isinstance(dictionary, np.ndarray), "numpy dict needs a numpy dictionary")
+    if k == 0:
+        view_as(codes_buf, np.uint8, -(-n * meta["code_bits"] // 8), "dict codes")
+        check(stop == start or validity is not None and not _any_valid(validity, n),
+              "codes into an empty dictionary")
+    return validity, codes_buf, dictionary
 
 
 def _any_valid(bitmap: np.ndarray, n: int) -> bool:

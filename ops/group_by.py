@@ -76,22 +76,21 @@ class _Partials:
                     cols[pname] = arr
                 else:  # min / max over rows present with a positive weight
                     cols[pname] = pc.if_else(pa.array(w > 0), arr, pa.nulls(n, arr.type))
-        fast = _bincount_groups(chunk, self.by, cols)
-        if fast is None:
-            fast = _run_groups(chunk, self.by, cols)
-        if fast is not None:
-            return fast
+        if all(c is None or isinstance(c, np.ndarray) for c in cols.values()):  # no min/max
+            fast = _bincount_groups(chunk, self.by, cols)
+            if fast is None:
+                fast = _run_groups(chunk, self.by, cols)
+            if fast is not None:
+                return fast
         table = {b: chunk.column(b) for b in self.by}
-        table.update((p, pa.array(np.ones(n, np.int64) if c is None else c))
-                     for p, c in cols.items())
+        table.update((p, np.ones(n, np.int64) if c is None else c) for p, c in cols.items())
         return self.combine(pa.table(table))
 
     def combine(self, table: pa.Table) -> pa.Table:
         specs = [(c, _COMBINE[c.rsplit("__", 1)[1]]) for c in table.column_names
                  if c not in self.by]
         if all(fn == "sum" for _, fn in specs):   # partials of consecutive sorted chunks
-            sums = {c: table.column(c).to_numpy() for c, _ in specs}
-            fast = _run_groups(table, self.by, sums)
+            fast = _run_groups(table, self.by, {c: table.column(c) for c, _ in specs})
             if fast is not None:
                 return fast
         out = table.group_by(self.by, use_threads=False).aggregate(specs)
@@ -153,8 +152,6 @@ def _bincount_groups(chunk: pa.Table, by: list[str], cols: dict) -> pa.Table | N
     exact in float64 (checked). None when that does not apply."""
     if len(by) != 1 or not pa.types.is_dictionary(chunk.schema.field(by[0]).type):
         return None
-    if any(not isinstance(c, np.ndarray) and c is not None for c in cols.values()):
-        return None   # min / max
     n = chunk.num_rows
     for c in cols.values():
         if c is not None and c.dtype.kind in "iu" and len(c) and \
@@ -163,9 +160,10 @@ def _bincount_groups(chunk: pa.Table, by: list[str], cols: dict) -> pa.Table | N
     column = chunk.column(by[0])
     dictionary = column.chunk(0).dictionary   # unified: one dictionary for all chunks
     k = len(dictionary)
-    codes = np.concatenate([(c.indices.fill_null(k) if c.null_count else c.indices)
-                            .to_numpy(zero_copy_only=False)
-                            for c in column.chunks]).astype(np.intp)   # null keys: slot k
+    codes = np.concatenate([c.indices.fill_null(0).to_numpy(zero_copy_only=False)
+                            for c in column.chunks]).astype(np.intp)
+    if column.null_count:   # null keys: slot k (which a narrow index type cannot hold)
+        codes[column.is_null().to_numpy(zero_copy_only=False)] = k
     rows = np.bincount(codes, minlength=k + 1)
     present = np.flatnonzero(rows)
     out = {by[0]: dictionary.take(pa.array(present, pa.int64(), mask=present == k))}
@@ -181,9 +179,11 @@ def _bincount_groups(chunk: pa.Table, by: list[str], cols: dict) -> pa.Table | N
 def _run_groups(chunk: pa.Table, by: list[str], cols: dict) -> pa.Table | None:
     """Partials of a chunk whose one integer group column is sorted (a stream in key
     order, such as a trace's changes grouped by its key): runs of equal keys summed by
-    ``np.add.reduceat``, exact for integers, no hashing. None when that does not apply."""
-    if len(by) != 1 or any(not isinstance(c, np.ndarray) and c is not None
-                           for c in cols.values()):
+    ``np.add.reduceat``, exact for integers, no hashing. None when that does not apply.
+
+    ``cols``: per partial, its per-row values (numpy, or an Arrow column converted only
+    once the keys are known to be sorted) or None for one per row."""
+    if len(by) != 1:
         return None
     column = chunk.column(by[0])
     if not pa.types.is_integer(column.type) or column.null_count or len(column) == 0:
@@ -194,8 +194,11 @@ def _run_groups(chunk: pa.Table, by: list[str], cols: dict) -> pa.Table | None:
     starts = np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1]]))
     out = {by[0]: pa.array(keys[starts], column.type)}
     for p, c in cols.items():
-        out[p] = pa.array(np.diff(np.append(starts, len(keys))) if c is None
-                          else np.add.reduceat(c, starts))
+        if c is None:
+            out[p] = pa.array(np.diff(np.append(starts, len(keys))))
+        else:
+            values = c if isinstance(c, np.ndarray) else c.to_numpy()
+            out[p] = pa.array(np.add.reduceat(values, starts))
     return pa.table(out)
 
 
@@ -206,7 +209,12 @@ def _decoded(col):
 
 def _unified(chunk: pa.Table, by: list[str]) -> pa.Table:
     """Dictionary group columns made to share one dictionary across the chunk's batches
-    (Arrow groups on their codes then, but only on one dictionary)."""
+    (Arrow groups on their codes then, but only on one dictionary). A dictionary that
+    holds a null value (Arrow cannot unify those) is decoded instead."""
+    for b in by:
+        col = chunk.column(b)
+        if pa.types.is_dictionary(col.type) and any(c.dictionary.null_count for c in col.chunks):
+            chunk = chunk.set_column(chunk.schema.get_field_index(b), b, _decoded(col))
     if any(pa.types.is_dictionary(chunk.schema.field(b).type) and chunk.column(b).num_chunks > 1
            for b in by):
         return chunk.unify_dictionaries()

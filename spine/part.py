@@ -84,16 +84,13 @@ def dictionary_schema(schema: pa.Schema | None, names: frozenset) -> pa.Schema |
 
 
 def as_dictionary(arr) -> pa.Array:
-    """A column as a dictionary array with int32 codes: kept if it is one, else encoded
-    (one hash pass: columns whose part did not store them dictionary-coded)."""
+    """A column as a dictionary array with int32 codes: kept if it is one (as the codec
+    decodes it), else encoded (one hash pass: a part that did not store it dict-coded)."""
     if isinstance(arr, np.ndarray):
         arr = pa.array(arr)
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
-    if pa.types.is_dictionary(arr.type):
-        return arr if arr.type.index_type == pa.int32() else \
-            arr.cast(pa.dictionary(pa.int32(), arr.type.value_type))
-    return arr.dictionary_encode()
+    return arr if pa.types.is_dictionary(arr.type) else arr.dictionary_encode()
 
 
 def with_dictionaries(table: pa.Table | None, names: frozenset) -> pa.Table | None:
