@@ -169,6 +169,7 @@ def product_chunks(lb: Block, rb: Block, li_key: np.ndarray, ri_key: np.ndarray,
                    batch_rows: int, want_keys: bool = True
                    ) -> Iterator[tuple[np.ndarray | None, np.ndarray, np.ndarray]]:
     """For matched keys, the cross product of their rows in chunks: (left key, li, ri).
+    ``li`` is a slice when the chunk's left rows are consecutive.
 
     ``want_keys=False``: the caller reads keys off the left rows; many-to-one chunks then
     carry None for the left key indices instead of a repeat of them."""
@@ -187,21 +188,25 @@ def product_chunks(lb: Block, rb: Block, li_key: np.ndarray, ri_key: np.ndarray,
                 yield li_key[lo:hi], lstart[lo:hi], rstart[lo:hi]
             return
         kidx = np.repeat(li_key, nl) if want_keys else None
-        # every left key matched: the left rows, in order
-        li = np.arange(len(lb)) if len(li_key) == lb.num_keys else ranges(lstart, nl)
+        # every left key matched: the left rows in order, as slices (no index array)
+        every = len(li_key) == lb.num_keys
+        li = None if every else ranges(lstart, nl)
         ri = np.repeat(rstart, nl)
-        for lo in range(0, len(li), batch_rows):
-            hi = lo + batch_rows
-            yield (kidx[lo:hi] if want_keys else None), li[lo:hi], ri[lo:hi]
+        for lo in range(0, len(ri), batch_rows):
+            hi = min(lo + batch_rows, len(ri))
+            yield (kidx[lo:hi] if want_keys else None), \
+                slice(lo, hi) if every else li[lo:hi], ri[lo:hi]
         return
     for g, pos in output_chunks(nl * nr, batch_rows):
         width = nr[g]
         yield li_key[g], lstart[g] + pos // width, rstart[g] + pos % width
 
 
-def _take(table: pa.Table | None, idx: np.ndarray) -> list[pa.Array]:
+def _take(table: pa.Table | None, idx: np.ndarray | slice) -> list[pa.Array]:
     if table is None:
         return []
+    if isinstance(idx, slice):
+        return columns_of(table.slice(idx.start, idx.stop - idx.start))
     n = len(idx)
     if n and idx[-1] - idx[0] == n - 1 and (n == 1 or (np.diff(idx) == 1).all()):
         return columns_of(table.slice(int(idx[0]), n))   # a run of rows: no gather
@@ -249,12 +254,13 @@ def _snapshot(left, right, at, how, expand, batch_rows, schema, dictionary):
         li_key, ri_key = match_keys(lb.keys, rb.keys)
         if how in ("inner", "left"):
             row_keys = lb.rows   # the left rows' keys, when the reader had them: no gather
+            unit = bool((rb.counts == 1).all())   # a right side of distinct rows (a dimension)
             for kidx, li, ri in product_chunks(lb, rb, li_key, ri_key, batch_rows,
                                                want_keys=row_keys is None):
                 arrays = _take(lb.keys, kidx) if row_keys is None else _take(row_keys, li)
                 arrays += (_take(lb.vals, li)
                            + (_take(rb.vals, ri) if rvals_schema is not None else []))
-                yield from emit(arrays, lb.counts[li] * rb.counts[ri])
+                yield from emit(arrays, lb.counts[li] if unit else lb.counts[li] * rb.counts[ri])
         if how == "inner":
             continue
         matched = np.zeros(lb.num_keys, dtype=bool)
