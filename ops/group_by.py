@@ -160,19 +160,27 @@ def _bincount_groups(chunk: pa.Table, by: list[str], cols: dict) -> pa.Table | N
     column = chunk.column(by[0])
     dictionary = column.chunk(0).dictionary   # unified: one dictionary for all chunks
     k = len(dictionary)
-    codes = np.concatenate([c.indices.fill_null(0).to_numpy(zero_copy_only=False)
-                            for c in column.chunks]).astype(np.intp)
-    if column.null_count:   # null keys: slot k (which a narrow index type cannot hold)
-        codes[column.is_null().to_numpy(zero_copy_only=False)] = k
-    rows = np.bincount(codes, minlength=k + 1)
+    rows = np.zeros(k + 1, np.int64)
+    sums = {p: np.zeros(k + 1) for p, c in cols.items() if c is not None}
+    lo = 0
+    for part in column.chunks:   # chunk by chunk: the codes are never concatenated
+        codes = part.indices.fill_null(0).to_numpy(zero_copy_only=False)
+        if part.null_count:   # null keys: slot k (which a narrow index type cannot hold)
+            codes = codes.astype(np.intp)
+            codes[part.is_null().to_numpy(zero_copy_only=False)] = k
+        hi = lo + len(codes)
+        rows += np.bincount(codes, minlength=k + 1)
+        for p, total in sums.items():
+            total += np.bincount(codes, weights=cols[p][lo:hi], minlength=k + 1)
+        lo = hi
     present = np.flatnonzero(rows)
     out = {by[0]: dictionary.take(pa.array(present, pa.int64(), mask=present == k))}
     for p, c in cols.items():
         if c is None:
             out[p] = pa.array(rows[present])
-            continue
-        sums = np.bincount(codes, weights=c, minlength=k + 1)[present]
-        out[p] = pa.array(sums.astype(np.int64) if c.dtype.kind in "iu" else sums)
+        else:
+            total = sums[p][present]
+            out[p] = pa.array(total.astype(np.int64) if c.dtype.kind in "iu" else total)
     return pa.table(out)
 
 
