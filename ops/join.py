@@ -219,14 +219,15 @@ def _null_columns(schema: pa.Schema | None, n: int) -> list[pa.Array]:
 
 
 def _expand(arrays: list[pa.Array], counts: np.ndarray, batch_rows: int):
-    """Repeat each row ``count`` times, in bounded batches (SQL bag semantics)."""
-    if len(counts) and counts.min() == 1 and counts.max() == 1:   # distinct rows: as they are
+    """Repeat each row ``count`` times, in bounded batches (SQL bag semantics): the
+    batches' columns and their ``count`` column (all ones). Counts must not be negative."""
+    if len(counts) and counts.max() == 1 and counts.min() == 1:   # distinct rows: as they are
         for lo in range(0, len(counts), batch_rows):
-            yield [a.slice(lo, batch_rows) for a in arrays]
+            yield [a.slice(lo, batch_rows) for a in arrays], counts[lo:lo + batch_rows]
         return
     for g, _ in output_chunks(counts, batch_rows):
         idx = pa.array(g, pa.int64())
-        yield [a.take(idx) for a in arrays]
+        yield [a.take(idx) for a in arrays], np.ones(len(g), np.int64)
 
 
 # -- snapshot join ----------------------------------------------------------------------------
@@ -240,9 +241,8 @@ def _snapshot(left, right, at, how, expand, batch_rows, schema, dictionary):
                 raise ValueError("expand=True needs non-negative counts, but the join produced "
                                  f"a row with count {int(counts.min())} (a retraction without "
                                  "its insertion); use expand=False to see signed counts")
-            for cols in _expand(arrays, counts, batch_rows):
-                yield pa.RecordBatch.from_arrays(cols + [pa.array(np.ones(len(cols[0]) if cols
-                                                                          else 0, np.int64))],
+            for cols, ones in _expand(arrays, counts, batch_rows):
+                yield pa.RecordBatch.from_arrays(cols + [pa.array(ones, pa.int64())],
                                                  schema=schema)
         else:
             yield pa.RecordBatch.from_arrays(arrays + [pa.array(counts, pa.int64())],
