@@ -177,9 +177,13 @@ def _joined(batches, spec: JoinSpec, task: _Task, engine, pid: int,
     for batch in batches:
         task.rows_in += batch.num_rows
         if lb is not None and rb is not None:
-            side = batch.column(SIDE).to_numpy(zero_copy_only=False)
-            lb.add(_rename(batch.filter(pa.array(side == 0)), lsel, spec.left_schema.names))
-            rb.add(_rename(batch.filter(pa.array(side == 1)), rsel, spec.right_schema.names))
+            left_rows = batch.column(SIDE).to_numpy(zero_copy_only=False) == 0
+            for builder, rows, sel, names in ((lb, left_rows, lsel, spec.left_schema.names),
+                                              (rb, ~left_rows, rsel, spec.right_schema.names)):
+                if rows.all():     # a shuffle block holds one side's rows: no filtered copy
+                    builder.add(_rename(batch, sel, names))
+                elif rows.any():
+                    builder.add(_rename(batch.filter(pa.array(rows)), sel, names))
         elif lb is not None:
             lb.add(_rename(batch, lsel, spec.left_schema.names))
         elif rb is not None:
