@@ -123,6 +123,11 @@ def match_keys(lkeys: pa.Table, rkeys: pa.Table) -> tuple[np.ndarray, np.ndarray
         same = np.arange(len(lc), dtype=np.int64)   # both sides hold the same keys
         return same, same
     if lc.dtype.kind in "iu":
+        if int(rc[-1]) - int(rc[0]) == len(rc) - 1:   # right keys are every id of a range
+            return _match_range(lc, rc)
+        if int(lc[-1]) - int(lc[0]) == len(lc) - 1:
+            ri, li = _match_range(rc, lc)
+            return li, ri
         dense = _match_dense(lc, rc)
         if dense is not None:
             return dense
@@ -134,6 +139,14 @@ def match_keys(lkeys: pa.Table, rkeys: pa.Table) -> tuple[np.ndarray, np.ndarray
     merged = both[order]
     eq = np.flatnonzero(merged[1:] == merged[:-1])
     return order[eq].astype(np.int64), order[eq + 1].astype(np.int64) - len(lc)
+
+
+def _match_range(lc: np.ndarray, rc: np.ndarray):
+    """Right codes that are consecutive integers (a dimension's dense ids): a left code
+    inside their range is matched by its offset, found without a table or a search."""
+    a = int(np.searchsorted(lc, rc[0], side="left"))
+    b = int(np.searchsorted(lc, rc[-1], side="right"))
+    return np.arange(a, b, dtype=np.int64), _offsets(lc[a:b], int(rc[0]))
 
 
 def _match_dense(lc: np.ndarray, rc: np.ndarray):

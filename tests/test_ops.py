@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import arrangedb as adb
+from arrangedb.ops.join import match_keys
 from test_spine_units import memory_trace
 
 SETTINGS = settings(max_examples=25, deadline=None,
@@ -290,8 +291,6 @@ def test_join_clashing_names_are_prefixed(engine):
 def test_match_keys_pairs_equal_keys(dtype, spread, lfill, rfill, seed):
     """Both matching kernels (direct-address over a narrow span, merge over a wide one),
     at the ends of each integer type's range, against a set intersection."""
-    from arrangedb.ops.join import match_keys
-
     info = np.iinfo(dtype)
     spread = 1 if dtype == "int8" else spread   # -128..127: offsets overflow int8
     base = info.max - 255 * spread if dtype == "uint64" else info.min
@@ -312,8 +311,6 @@ def test_match_keys_offsets_do_not_wrap_narrow_ints():
     """-128 sets the direct-address table's origin (the fillers make the keys dense
     enough for it): 0's offset (128) does not fit int8, and wrapped it would land on
     -27's slot."""
-    from arrangedb.ops.join import match_keys
-
     fill = list(range(-128, -99))
     left = pa.table({"k": pa.array(fill + [0, 100], pa.int8())})
     right = pa.table({"k": pa.array(fill + [-27, 100], pa.int8())})
@@ -489,3 +486,24 @@ def test_incremental_join_pairs_looked_up_rows_with_their_keys(engine):
                        "d": [1, 1]}), time="t", diff="d")
     got = adb.join(R, L, since=2, upto=3).read_all()
     assert bag(got, ["k", "b", "a", "diff"]) == Counter({(1, "z", "p", 1): 1})
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int64", "uint64"])
+def test_match_keys_against_a_range_of_ids(dtype):
+    """One side holding every id of a range (a dimension's dense ids) matches by offset:
+    overlapping on either end, inside, outside, on either side of the join."""
+    info = np.iinfo(dtype)
+    base = info.max - 100 if dtype == "uint64" else info.min
+    ids = lambda lo, hi: np.arange(lo, hi, dtype=np.int64)   # noqa: E731
+
+    def table(offsets):
+        return pa.table({"k": np.array([base + int(o) for o in offsets], dtype)})
+
+    rng = np.random.default_rng(2)
+    sparse = np.sort(rng.choice(100, 40, replace=False))
+    for dense in (ids(0, 100), ids(10, 50), ids(60, 100), ids(0, 1), ids(99, 100)):
+        for lt, rt in ((table(sparse), table(dense)), (table(dense), table(sparse))):
+            li, ri = match_keys(lt, rt)
+            lk, rk = lt["k"].to_numpy(), rt["k"].to_numpy()
+            assert list(lk[li]) == list(rk[ri])
+            assert sorted(lk[li].tolist()) == sorted(set(lk.tolist()) & set(rk.tolist()))
