@@ -6,7 +6,8 @@ Design
 exact because the true difference lies in ``[0, 2**bits)``; it is then narrowed to the
 smallest of u8/u16/u32/u64 that holds ``max - min`` (no bytes at all when every value is
 equal). Sorted input without nulls may instead store its first value and the narrow
-deltas (``delta`` form), whichever is smaller. Arrow integer-like types (ints, dates,
+deltas (``delta`` form), whichever is smaller, or, when every delta is the same (dense
+ids), its first value and that step alone (``stride`` form: decoded by ``arange``). Arrow integer-like types (ints, dates,
 times, timestamps, durations) keep their nulls as a validity bitmap; the residual under a
 null is 0.
 """
@@ -58,6 +59,10 @@ def for_plan(vals: np.ndarray, valid) -> dict:
     if valid is None and n > 2 and width > 1 and not (vals[1:] < vals[:-1]).any():
         u = _unsigned(vals.dtype)
         deltas = np.diff(vals.view(u))
+        step = int(deltas[0])
+        if int(deltas.max()) == step == int(deltas.min()):   # dense ids: no bytes at all
+            return {"form": "stride", "base": int(vals[0]), "step": step, "width": 0,
+                    "nbytes": 0}
         dwidth = narrow_uint(int(deltas.max())).itemsize
         if (n - 1) * dwidth < plan["nbytes"]:
             plan = {"form": "delta", "base": int(vals[0]), "width": dwidth,
@@ -75,6 +80,8 @@ class FrameOfReference(Codec):
         vals, valid, meta = got[:3]
         plan = for_plan(vals, valid)
         meta.update(form=plan["form"], base=plan["base"], width=plan["width"])
+        if plan["form"] == "stride":
+            meta["step"] = plan["step"]
         buffers = []
         if is_arrow(values):
             bitmap = validity_of(got[3])
@@ -126,6 +133,14 @@ def _decode_values(dt, meta, buffers, n, start, stop) -> np.ndarray:
         expect_buffers(buffers, 1)
         resid = view_as(buffers[0], f"u{width}", n, "for residuals")[start:stop]
         out = resid.astype(u)
+        out += base
+        return out.view(dt)
+    if meta["form"] == "stride":   # base, base + step, ...: sorted input, constant gaps
+        expect_buffers(buffers, 0)
+        step = meta["step"]
+        check(isinstance(step, int) and 0 <= step < 2 ** (8 * u.itemsize), f"bad step {step!r}")
+        out = np.arange(start, stop, dtype=u)
+        out *= u.type(step)
         out += base
         return out.view(dt)
     check(meta["form"] == "delta", f"unknown for form {meta['form']!r}")

@@ -273,6 +273,16 @@ def test_for_and_delta_forms():
     assert (meta["form"], meta["width"], enc.nbytes) == ("for", 1, 1000)
     enc, meta, _ = roundtrip(np.full(500, -7, np.int64), "for")
     assert enc.nbytes == 0
+    # dense ids (constant gaps), also wrapping past the top of the unsigned range
+    for ids in (np.arange(-3000, 4_000_000, 7, dtype=np.int64), pa.array(np.arange(2**20)),
+                np.arange(2**64 - 5000, 2**64 - 1, 3, dtype=np.uint64)):
+        enc, meta, out = roundtrip(ids, "for")
+        assert (meta["form"], enc.nbytes) == ("stride", 0)
+        whole = out.to_numpy() if isinstance(out, pa.Array) else out
+        for lo, hi in ((0, 5), (1000, 1003), (len(whole) - 2, len(whole) + 9)):
+            part = decode_range(enc.codec, enc.version, meta, [], lo, hi)
+            assert np.array_equal(part, whole[lo:hi]) if isinstance(part, np.ndarray) \
+                else part.equals(out[lo:hi])
     assert encode(pa.array([1.0, 2.0]), "for").codec == "plain"
     assert encode(pa.array(["a"]), "for").codec == "plain"
 

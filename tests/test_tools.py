@@ -45,7 +45,7 @@ def _write(path, columns: dict) -> None:
 def page_dir(tmp_path):
     d = tmp_path / "spill"
     (d / "sub").mkdir(parents=True)
-    columns = {"p0/keys/k": np.arange(20_000, dtype=np.int64),
+    columns = {"p0/keys/k": np.cumsum(np.random.default_rng(1).integers(1, 9, 20_000)),
                "p0/vals/v": np.random.default_rng(0).random(5_000)}
     _write(d / "good.pg", columns)
     _write(d / "sub" / "corrupt.pg", columns)
