@@ -5,9 +5,10 @@ Design
 ``values - min`` is computed in the unsigned type of the input's width (wrapping), which is
 exact because the true difference lies in ``[0, 2**bits)``; it is then narrowed to the
 smallest of u8/u16/u32/u64 that holds ``max - min`` (no bytes at all when every value is
-equal). Sorted input without nulls may instead store its first value and the narrow
-deltas (``delta`` form), whichever is smaller, or, when every delta is the same (dense
-ids), its first value and that step alone (``stride`` form: decoded by ``arange``). Arrow integer-like types (ints, dates,
+equal). Sorted input without nulls whose values need more than a byte may instead
+store its first value and the narrow deltas (``delta`` form), whichever is smaller, or,
+when every delta is the same (dense ids), its first value and that step alone
+(``stride`` form, decoded by ``arange``). Arrow integer-like types (ints, dates,
 times, timestamps, durations) keep their nulls as a validity bitmap; the residual under a
 null is 0.
 """
@@ -138,7 +139,8 @@ def _decode_values(dt, meta, buffers, n, start, stop) -> np.ndarray:
     if meta["form"] == "stride":   # base, base + step, ...: sorted input, constant gaps
         expect_buffers(buffers, 0)
         step = meta["step"]
-        check(isinstance(step, int) and 0 <= step < 2 ** (8 * u.itemsize), f"bad step {step!r}")
+        check(type(step) is int and 0 <= step < 2 ** (8 * u.itemsize), f"bad step {step!r}")
+        check(width == 0 and not meta.get("validity"), "stride form with residuals or nulls")
         out = np.arange(start, stop, dtype=u)
         out *= u.type(step)
         out += base

@@ -165,8 +165,10 @@ def _bincount_groups(chunk: pa.Table, by: list[str], cols: dict) -> pa.Table | N
     lo = 0
     for part in column.chunks:   # chunk by chunk: the codes are never concatenated
         codes = part.indices.fill_null(0).to_numpy(zero_copy_only=False)
-        if part.null_count:   # null keys: slot k (which a narrow index type cannot hold)
-            codes = codes.astype(np.intp)
+        # bincount takes only what casts safely to intp (not uint64); null keys go to
+        # slot k, which a narrow index type cannot hold
+        codes = codes.astype(np.intp, copy=bool(part.null_count))
+        if part.null_count:
             codes[part.is_null().to_numpy(zero_copy_only=False)] = k
         hi = lo + len(codes)
         rows += np.bincount(codes, minlength=k + 1)

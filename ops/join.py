@@ -142,8 +142,9 @@ def match_keys(lkeys: pa.Table, rkeys: pa.Table) -> tuple[np.ndarray, np.ndarray
 
 
 def _match_range(lc: np.ndarray, rc: np.ndarray):
-    """Right codes that are consecutive integers (a dimension's dense ids): a left code
-    inside their range is matched by its offset, found without a table or a search."""
+    """``rc`` consecutive integers (a dimension's dense ids): a code of ``lc`` inside
+    their range is matched by its offset, found without a table or a search. (Called
+    with the sides swapped when the left keys are the range.)"""
     a = int(np.searchsorted(lc, rc[0], side="left"))
     b = int(np.searchsorted(lc, rc[-1], side="right"))
     return np.arange(a, b, dtype=np.int64), _offsets(lc[a:b], int(rc[0]))
@@ -180,7 +181,7 @@ def _one_row_per_key(b: Block) -> bool:
 
 def product_chunks(lb: Block, rb: Block, li_key: np.ndarray, ri_key: np.ndarray,
                    batch_rows: int, want_keys: bool = True
-                   ) -> Iterator[tuple[np.ndarray | None, np.ndarray, np.ndarray]]:
+                   ) -> Iterator[tuple[np.ndarray | None, np.ndarray | slice, np.ndarray]]:
     """For matched keys, the cross product of their rows in chunks: (left key, li, ri).
     ``li`` is a slice when the chunk's left rows are consecutive.
 

@@ -83,14 +83,16 @@ class SideBuilder:
         self.trace = None
         self.appender = None
 
-    def add(self, rb: pa.RecordBatch) -> None:
+    def add(self, rb: pa.RecordBatch, held: int | None = None) -> None:
+        """Buffer ``rb``; ``held``: the bytes it keeps alive, when more than its own."""
         if rb.num_rows == 0:
             return
         if self.schema is not None and not rb.schema.equals(self.schema):
             rb = pa.RecordBatch.from_arrays(rb.columns, schema=self.schema)  # nullability
-        self.engine.budget.reserve(rb.nbytes, "spark input buffer")
+        nbytes = max(rb.nbytes, held or 0)
+        self.engine.budget.reserve(nbytes, "spark input buffer")
         self.buffered.append(rb)
-        self.size += rb.nbytes
+        self.size += nbytes
         if self.size >= self.chunk:
             self.flush()
 
@@ -181,7 +183,8 @@ def _joined(batches, spec: JoinSpec, task: _Task, engine, pid: int,
             for builder, rows, sel, names in ((lb, left_rows, lsel, spec.left_schema.names),
                                               (rb, ~left_rows, rsel, spec.right_schema.names)):
                 if rows.all():     # a shuffle block holds one side's rows: no filtered copy
-                    builder.add(_rename(batch, sel, names))
+                    # (its columns are slices of the whole message: reserve all of it)
+                    builder.add(_rename(batch, sel, names), held=batch.nbytes)
                 elif rows.any():
                     builder.add(_rename(batch.filter(pa.array(rows)), sel, names))
         elif lb is not None:

@@ -283,8 +283,28 @@ def test_for_and_delta_forms():
             part = decode_range(enc.codec, enc.version, meta, [], lo, hi)
             assert np.array_equal(part, whole[lo:hi]) if isinstance(part, np.ndarray) \
                 else part.equals(out[lo:hi])
+    for ids in (np.arange(-30000, 30000, 7, dtype=np.int16),
+                np.arange(5, 900_000, 9, dtype=np.int32),
+                pa.array(np.arange(10**15, 10**15 + 10**9, 10**6), pa.timestamp("us"))):
+        enc, meta, _ = roundtrip(ids, "for")
+        assert (meta["form"], enc.nbytes) == ("stride", 0)
     assert encode(pa.array([1.0, 2.0]), "for").codec == "plain"
     assert encode(pa.array(["a"]), "for").codec == "plain"
+
+
+def test_corrupt_stride_metadata_is_refused():
+    enc = encode(np.arange(0, 9000, 3, dtype=np.int64), "for")
+    assert enc.meta["form"] == "stride"
+    for bad in ({"step": -3}, {"step": 2**64}, {"step": True}, {"step": "3"}, {"width": 2},
+                {"validity": True}):
+        with pytest.raises(CodecError):
+            decode(enc.codec, enc.version, {**enc.meta, **bad}, [])
+    meta = dict(enc.meta)
+    del meta["step"]
+    with pytest.raises(CodecError):
+        decode(enc.codec, enc.version, meta, [])
+    with pytest.raises(CodecError):
+        decode(enc.codec, enc.version, enc.meta, [np.zeros(8, np.uint8)])
 
 
 def test_dict_codes_are_narrow():

@@ -391,13 +391,16 @@ def test_read_dictionary_hands_over_stored_codes(engine):
 
 
 @SETTINGS
-@given(st.integers(0, 3000), st.sampled_from([1, 7, 30, 126]), st.booleans(), st.sampled_from([1, 2, 10**17]),
+@given(st.integers(0, 3000), st.sampled_from([1, 7, 30, 126]), st.booleans(),
+       st.sampled_from([1, 2, 10**17]), st.sampled_from([pa.int8(), pa.uint64(), pa.int32()]),
        st.integers(0, 2**32 - 1))
 def test_group_by_on_a_dictionary_column_is_the_same_group_by(tmp_path_factory, n, ngroups,
-                                                               null_keys, weight_scale, seed):
+                                                               null_keys, weight_scale,
+                                                               index_type, seed):
     """Grouping on dictionary codes (bincount; Arrow's hashing for min/max and for weights
     too large for exact float sums) gives what grouping on the strings gives, with null
-    keys, several dictionaries in one stream and signed, zero and huge weights."""
+    keys, several dictionaries in one stream, narrow and unsigned index types, and signed,
+    zero and huge weights."""
     rng = np.random.default_rng(seed)
     pool = pa.array([f"g{i}" for i in range(ngroups)])
     batches = []
@@ -408,7 +411,7 @@ def test_group_by_on_a_dictionary_column_is_the_same_group_by(tmp_path_factory, 
         if null_keys:   # a value twice, and a null value, in the dictionary too
             dictionary = pa.concat_arrays([dictionary, dictionary.slice(0, 1),
                                            pa.nulls(1, pa.string())])
-        idx = pa.array(rng.integers(0, len(dictionary), m), pa.int8(),
+        idx = pa.array(rng.integers(0, len(dictionary), m), index_type,
                        mask=(rng.random(m) < 0.1) if null_keys else None)
         batches.append(pa.record_batch({
             "g": pa.DictionaryArray.from_arrays(idx, dictionary),
@@ -416,7 +419,7 @@ def test_group_by_on_a_dictionary_column_is_the_same_group_by(tmp_path_factory, 
             "f": rng.normal(size=m),
             "count": rng.integers(-1, 3, m) * weight_scale}))
     schema = batches[0].schema if batches else pa.schema(
-        [("g", pa.dictionary(pa.int8(), pa.string())), ("x", pa.int64()), ("f", pa.float64()),
+        [("g", pa.dictionary(index_type, pa.string())), ("x", pa.int64()), ("f", pa.float64()),
          ("count", pa.int64())])
     plain = [_plain(pa.Table.from_batches([b])).to_batches()[0] for b in batches]
     for aggs in ({"n": ("count", None), "s": ("sum", "x"), "m": ("mean", "f"),

@@ -46,6 +46,7 @@ def page_dir(tmp_path):
     d = tmp_path / "spill"
     (d / "sub").mkdir(parents=True)
     columns = {"p0/keys/k": np.cumsum(np.random.default_rng(1).integers(1, 9, 20_000)),
+               "p0/keys/ids": np.arange(0, 60_000, 3, dtype=np.int64),   # stride: no bytes
                "p0/vals/v": np.random.default_rng(0).random(5_000)}
     _write(d / "good.pg", columns)
     _write(d / "sub" / "corrupt.pg", columns)
@@ -72,6 +73,8 @@ def test_inspect_rows(page_dir):
     keys = next(r for r in good["regions"] if r["name"] == "p0/keys/k.0")
     assert keys["column"] == "p0/keys/k" and keys["codec"] != "plain"
     assert keys["raw_bytes"] == 20_000 * 8 and keys["ratio"] > 1
+    ids = next(r for r in good["regions"] if r["column"] == "p0/keys/ids")
+    assert (ids["codec"], ids["length"], ids["ratio"]) == ("for", 0, float("inf"))
     assert not bad["ok"] and bad["error"] is None
     assert [r["name"] for r in bad["regions"] if r["checksum"] == "BAD"] == ["p0/vals/v.0"]
     assert not foreign["ok"] and "not an arrangedb page file" in foreign["error"]

@@ -79,8 +79,8 @@ def _inspect_file(path: str, top: str) -> dict:
                 "codec": info.codec, "codec_version": info.codec_version,
                 "checksum": "ok" if checks[info.name] else "BAD",
                 "column": meta.get("column"), "raw_bytes": raw,
-                "ratio": stored_of[("raw", key)] / stored
-                if raw is not None and stored else None,
+                "ratio": None if raw is None else
+                stored_of[("raw", key)] / stored if stored else float("inf"),  # stride
             })
         row["ok"] = all(checks.values())
     except Exception as e:   # noqa: BLE001
@@ -88,6 +88,12 @@ def _inspect_file(path: str, top: str) -> dict:
     finally:
         pf.close()
     return row
+
+
+def _ratio(ratio: float | None) -> str:
+    if ratio is None:
+        return "-"
+    return "no bytes" if ratio == float("inf") else f"{ratio:.2f}x"
 
 
 def inspect_dir(path) -> list[dict]:
@@ -121,7 +127,7 @@ def format_inspect(rows: list[dict]) -> str:
         for r in row["regions"]:
             cells.append((r["name"], str(r["offset"]), format_size(r["length"]), r["codec"],
                           str(r["codec_version"]), r["checksum"],
-                          f"{r['ratio']:.2f}x" if r["ratio"] is not None else "-"))
+                          _ratio(r["ratio"])))
     widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(header)]
     right = {1, 2, 4, 6}
 
