@@ -31,7 +31,7 @@ from arrangedb.codecs.choose import choose_codec
 CODECS = REGISTRY
 
 __all__ = ["CODECS", "CodecError", "Encoded", "choose_codec", "decode", "decode_dictionary",
-           "decode_range", "encode", "take"]
+           "decode_range", "encode", "take", "take_dictionary"]
 
 _DECODE_ERRORS = (ValueError, TypeError, KeyError, IndexError, OverflowError, AttributeError,
                   struct.error, binascii.Error, pa.ArrowException, zstandard.ZstdError)
@@ -87,15 +87,30 @@ def decode_dictionary(codec: str, version: int, meta: dict, buffers):
         return chosen.decode_dictionary(version, meta, list(buffers))
 
 
+def take_dictionary(codec: str, version: int, meta: dict, buffers, rows):
+    """Elements at ``rows`` of a dictionary-coded Arrow column as a ``pa.DictionaryArray``
+    (int32 codes over the stored dictionary); None when the encoding is not one."""
+    chosen = lookup(codec, version)
+    if not hasattr(chosen, "take_dictionary"):
+        return None
+    with _reading(codec, version, meta):
+        return chosen.take_dictionary(version, meta, list(buffers), _rows(rows, meta))
+
+
 def take(codec: str, version: int, meta: dict, buffers, rows):
     """Elements at ``rows`` of an encoding, decoding no more than the codec must."""
     chosen = lookup(codec, version)
     with _reading(codec, version, meta):
-        rows = np.asarray(rows, np.int64)
-        n = meta.get("length", (meta.get("plain") or {}).get("length"))   # zstd wraps plain
-        if len(rows) and (rows.min() < 0 or (n is not None and rows.max() >= n)):
-            raise CodecError(f"rows out of range for {n} elements")
-        return chosen.take(version, meta, list(buffers), rows)
+        return chosen.take(version, meta, list(buffers), _rows(rows, meta))
+
+
+def _rows(rows, meta: dict) -> np.ndarray:
+    """``rows`` as int64, checked against the encoding's length."""
+    rows = np.asarray(rows, np.int64)
+    n = meta.get("length", (meta.get("plain") or {}).get("length"))   # zstd wraps plain
+    if len(rows) and (rows.min() < 0 or (n is not None and rows.max() >= n)):
+        raise CodecError(f"rows out of range for {n} elements")
+    return rows
 
 
 def decode_range(codec: str, version: int, meta: dict, buffers, start: int = 0,

@@ -173,17 +173,21 @@ class Dictionary(Codec):
         of a part gathers only their strings, never the whole column's."""
         if meta["kind"] == "numpy" or meta["cardinality"] == 0:
             return super().take(version, meta, buffers, rows)
+        return self.take_dictionary(version, meta, buffers, rows).dictionary_decode()
+
+    def take_dictionary(self, version, meta, buffers, rows) -> pa.DictionaryArray | None:
+        """The rows' codes (int32) over the stored dictionary; None for a numpy column."""
+        if meta["kind"] == "numpy":
+            return None
         n = meta_length(meta)
         bitmap, codes_buf, dictionary = _parts(meta, buffers, n, 0, n)
-        valid = (None if bitmap is None else
-                 np.unpackbits(bitmap[: (n + 7) // 8], bitorder="little")[rows].astype(bool))
         k = len(dictionary)
-        codes = gather(np.arange(k, dtype=code_dtype(k)), codes_buf, meta["code_bits"], n,
-                       0, n)[rows]
-        out = dictionary.take(pa.array(codes))
-        if valid is not None and not valid.all():
-            out = pc.if_else(pa.array(valid), out, pa.nulls(len(rows), out.type))
-        return out
+        codes = (gather(np.arange(k, dtype=np.int32), codes_buf, meta["code_bits"], n, 0, n)[rows]
+                 if k else np.zeros(len(rows), np.int32))
+        mask = (None if bitmap is None else
+                np.unpackbits(bitmap[: (n + 7) // 8], bitorder="little")[rows] == 0)
+        return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32(), mask=mask),
+                                              dictionary, safe=False)
 
 
 def _parts(meta: dict, buffers, n: int, start: int, stop: int):

@@ -292,19 +292,21 @@ def _snapshot(left, right, at, how, expand, batch_rows, schema, dictionary):
 
 
 # -- incremental join -------------------------------------------------------------------------
-def _lookup_block(trace, keys: pa.Table, at: int) -> Block:
+def _lookup_block(trace, keys: pa.Table, at: int, dictionary: frozenset = frozenset()) -> Block:
     """The accumulated rows of ``keys`` (distinct, sorted) at ``at``, as a Block."""
-    res = trace.lookup(keys.rename_columns(trace.key_names), at=at)
+    res = trace.lookup(keys.rename_columns(trace.key_names), at=at, read_dictionary=dictionary)
     qi = res.column("query_index").to_numpy()
     bounds = np.searchsorted(qi, np.arange(keys.num_rows + 1)).astype(np.int64)
     vals = res.select(trace.val_names) if trace.val_schema is not None else None
     return Block(keys, bounds, vals, res.column("count").to_numpy())
 
 
-def _delta_terms(dl: Block, dr: Block, left, right, since, batch_rows):
+def _delta_terms(dl: Block, dr: Block, left, right, since, batch_rows, dictionary):
     """(key index table, li-side, ri-side, times, diffs) chunks of the three delta terms."""
-    old_r = _lookup_block(right, dl.keys, since - 1) if since > 0 and dl.num_keys else None
-    old_l = _lookup_block(left, dr.keys, since - 1) if since > 0 and dr.num_keys else None
+    old_r = (_lookup_block(right, dl.keys, since - 1, dictionary[1])
+             if since > 0 and dl.num_keys else None)
+    old_l = (_lookup_block(left, dr.keys, since - 1, dictionary[0])
+             if since > 0 and dr.num_keys else None)
     terms = []
     if old_r is not None:      # dA x B_old, at dA's times
         terms.append((dl, old_r, lambda li, ri, a=dl: a.times[li]))
@@ -326,7 +328,7 @@ def _incremental(left, right, since, upto, batch_rows, schema, dictionary):
         alone = (len(dl) == 0) != (len(dr) == 0)
         pieces = []
         for a, b, kidx, li, ri, times, diffs in _delta_terms(dl, dr, left, right, since,
-                                                             batch_rows):
+                                                             batch_rows, dictionary):
             arrays = _take(a.keys, kidx) + _take(a.vals, li) + _take(b.vals, ri)
             pieces.append((_conform(arrays, schema), times, diffs))
             if sum(len(p[1]) for p in pieces) >= batch_rows:

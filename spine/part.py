@@ -121,9 +121,13 @@ class Part:
     def layout(self) -> PartLayout:
         raise NotImplementedError
 
-    def lookup_layout(self) -> PartLayout:
-        """The layout for ``select_keys``; call ``release()`` once done with it."""
-        return self.layout()
+    def lookup_layout(self, dictionary: frozenset = frozenset()) -> PartLayout:
+        """The layout for ``select_keys``; call ``release()`` once done with it.
+        ``dictionary``: val columns to take as dictionary arrays (see :meth:`read`)."""
+        layout = self.layout()
+        if dictionary:
+            layout = replace(layout, vals=with_dictionaries(layout.vals, dictionary))
+        return layout
 
     def read(self, dictionary: frozenset = frozenset()) -> tuple[Updates, np.ndarray]:
         """The part's updates, one row each, and where each key's rows start.
@@ -179,11 +183,11 @@ class PagedPart(Part):
             self.release()  # the bytes were copied out (or failed to): let the pages go
         return self._assemble(cols)
 
-    def lookup_layout(self) -> PartLayout:
+    def lookup_layout(self, dictionary: frozenset = frozenset()) -> PartLayout:
         cols = self._decode(("keys", "key_bounds", "val_bounds"), self.cache)
         key_schema, val_schema = self.schemas
         if self.columns.get("vals") is not None:
-            cols["vals"] = _RowsTable(self, self.columns["vals"], val_schema)
+            cols["vals"] = _RowsTable(self, self.columns["vals"], val_schema, dictionary)
         for name in ("times", "diffs"):
             cols[name] = _Rows(self, self.columns[name][0])
         return self._assemble(cols, tables=False)
@@ -244,12 +248,18 @@ class _Rows:
 class _RowsTable:
     """The vals of a paged part, decoded only at the rows taken."""
 
-    def __init__(self, part: PagedPart, groups: list, schema: pa.Schema):
+    def __init__(self, part: PagedPart, groups: list, schema: pa.Schema,
+                 dictionary: frozenset = frozenset()):
         self.part, self.groups, self.schema = part, groups, schema
+        self.dictionary = dictionary   # columns taken as dictionary arrays
 
     def take(self, rows) -> pa.Table:
         from arrangedb.spine.storage import take_column
 
         rows = np.asarray(rows, np.int64)
-        return _table([take_column(self.part.pagefile, g, rows, self.part.cache)
-                       for g in self.groups], self.schema)
+        columns = []
+        for f, g in zip(self.schema, self.groups):
+            coded = f.name in self.dictionary
+            col = take_column(self.part.pagefile, g, rows, self.part.cache, coded)
+            columns.append(as_dictionary(col) if coded else col)
+        return _table(columns, dictionary_schema(self.schema, self.dictionary))

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from arrangedb.codecs import (CodecError, choose_codec, decode, decode_dictionary, encode, take,
-                              zstd_blocks)
+                              take_dictionary, zstd_blocks)
 from arrangedb.codecs.base import lookup
 from arrangedb.spine.layout import PartLayout
 from arrangedb.spine.part import PagedPart, boundary_key, payload_bytes
@@ -120,13 +120,21 @@ def decode_column(pagefile, group: dict, cache=None, dictionary: bool = False):
     return decode(group["codec"], group["version"], group["meta"], buffers)
 
 
-def take_column(pagefile, group: dict, rows: np.ndarray, cache=None):
+def take_column(pagefile, group: dict, rows: np.ndarray, cache=None,
+                dictionary: bool = False):
     """Elements ``rows`` of one column of a part (a numpy array or an Arrow array).
 
     zstd columns of items (numpy, Arrow fixed-width without nulls) with a ``cache``
     decompress only the blocks holding ``rows``; a dictionary column gathers only the
-    rows' codes and strings; other columns decode whole and take.
+    rows' codes and strings (only their codes, as a dictionary array, with
+    ``dictionary=True``); other columns decode whole and take.
     """
+    if dictionary and group["codec"] == "dict":
+        buffers = [np.frombuffer(pagefile.buffer(r), dtype=np.uint8)
+                   for r in group["regions"][: group["nbuffers"]]]
+        out = take_dictionary(group["codec"], group["version"], group["meta"], buffers, rows)
+        if out is not None:
+            return out
     if cache is not None and group["codec"] == "zstd":
         out = _through_cache(pagefile, group, cache,
                              lambda meta, fetch: zstd_blocks.take_from_blocks(meta, fetch, rows))

@@ -33,6 +33,7 @@ from arrangedb.spine.kernels import accumulate, consolidate
 from arrangedb.spine.layout import ranges, select_keys
 from arrangedb.spine.merger import Merger
 from arrangedb.spine.order import codes, sort_order
+from arrangedb.spine.part import dictionary_schema
 from arrangedb.spine.reader import seek_parts
 from arrangedb.spine.spine import Spine
 from arrangedb.spine.updates import Updates
@@ -242,11 +243,19 @@ class Trace:
         """Blocks of consecutive keys (see :mod:`arrangedb.spine.cursor`)."""
         return blocks(self, at=at, changes=changes, window_rows=window_rows)
 
-    def lookup(self, keys, at: int | None = None) -> pa.Table:
-        """Rows for a batch of keys: query_index, key, vals, count (sorted once, walked in order)."""
+    def lookup(self, keys, at: int | None = None, read_dictionary=None) -> pa.Table:
+        """Rows for a batch of keys: query_index, key, vals, count (sorted once, walked in
+        order). ``read_dictionary``: val columns to return as dictionary arrays (int32
+        codes), taken as codes from the parts that store them dictionary-coded."""
         self._check_read_time(at)
         queries = _key_table(keys, self.key_schema)
-        schema = self._output_schema(pa.field("count", pa.int64()))
+        dictionary = frozenset(read_dictionary or ())
+        unknown = sorted(dictionary - set(self.val_names))
+        if unknown:
+            raise KeyError(f"read_dictionary: {unknown} are not val columns of this trace "
+                           f"(vals: {self.val_names})")
+        schema = dictionary_schema(self._output_schema(pa.field("count", pa.int64())),
+                                   dictionary)
         schema = pa.schema([pa.field("query_index", pa.int64())] + list(schema))
         n = queries.num_rows
         if n == 0:
@@ -266,7 +275,7 @@ class Trace:
         for batch in self.spine.batches():
             if at is None or batch.description.lower <= max(at, self.since):
                 before = len(found)
-                self._lookup_batch(batch, uq, found, found_u)
+                self._lookup_batch(batch, uq, found, found_u, dictionary)
                 sources += len(found) > before
         if not found:
             return schema.empty_table()
@@ -300,13 +309,14 @@ class Trace:
         out_vals = vals.take(rows) if vals is not None else None
         return _record_table(schema, qi, key_rows, out_vals, counts[rows])
 
-    def _lookup_batch(self, batch: Batch, uq: pa.Table, found: list, found_u: list) -> None:
+    def _lookup_batch(self, batch: Batch, uq: pa.Table, found: list, found_u: list,
+                      dictionary: frozenset = frozenset()) -> None:
         part_of = seek_parts(batch, uq)
         touched = np.unique(part_of[part_of >= 0])
         for p in touched:
             qsel = np.flatnonzero(part_of == p)
             part = batch.parts[p]
-            layout = part.lookup_layout()
+            layout = part.lookup_layout(dictionary)
             try:
                 pkeys = layout.keys
                 qk = uq.take(qsel).rename_columns(pkeys.column_names)

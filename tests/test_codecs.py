@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 
 from arrangedb.codecs import (
     CODECS, CodecError, Encoded, choose_codec, decode, decode_dictionary, decode_range, encode,
-    take,
+    take, take_dictionary,
 )
 
 NAMES = ["plain", "offsets", "dict", "for", "decimal", "zstd"]
@@ -469,6 +469,11 @@ def test_decode_dictionary_keeps_the_codes(values):
     assert len(out.dictionary) == enc.meta["cardinality"]   # the stored one, not rebuilt
     assert_same(out.dictionary_decode(), values)
     assert decode_dictionary("plain", 1, {}, []) is None
+    rows = np.random.default_rng(len(values)).integers(0, max(len(values), 1),
+                                                       min(len(values), 50))
+    some = take_dictionary(enc.codec, enc.version, enc.meta, stored, rows)
+    assert some.type == pa.dictionary(pa.int32(), values.type)
+    assert_same(some.dictionary_decode(), values.take(pa.array(rows, pa.int64())))
 
 
 def test_decode_dictionary_checks_codes_and_lengths():

@@ -327,6 +327,13 @@ def _string_side(rng, n, nkeys, name, cardinality):
                      name: pa.array(vals, pa.string(), mask=rng.random(n) < 0.2)})
 
 
+def _signed_bag(table: pa.Table, columns, weight) -> Counter:
+    c = Counter()
+    for r in table.to_pylist():
+        c[tuple(r[k] for k in columns)] += r[weight]
+    return c
+
+
 def _plain(table: pa.Table) -> pa.Table:
     return table.cast(pa.schema([f.with_type(f.type.value_type)
                                  if pa.types.is_dictionary(f.type) else f for f in table.schema]))
@@ -368,9 +375,15 @@ def test_join_read_dictionary_is_the_same_join(tmp_path_factory, nl, nr, nkeys, 
                                                                          pa.string())
                     want = adb.join(lt, rt, how=how, expand=expand).read_all()
                     assert bag(_plain(got)) == bag(want), (how, expand)
-            if retract:   # both sides changed: looked-up (plain) and read (dictionary) vals
+            if retract:   # both sides changed: looked-up and read vals, all as codes
                 got = adb.join(lt, rt, since=1, upto=2, read_dictionary=["a", "b"]).read_all()
                 assert bag(_plain(got)) == bag(adb.join(lt, rt, since=1, upto=2).read_all())
+                # and against the snapshots' difference (read whole, not looked up)
+                cols = ["k", "a", "b"]
+                diff = _signed_bag(adb.join(lt, rt, at=1).read_all(), cols, "count")
+                diff.subtract(_signed_bag(adb.join(lt, rt, at=0).read_all(), cols, "count"))
+                assert {k: v for k, v in diff.items() if v} == \
+                    {k: v for k, v in _signed_bag(_plain(got), cols, "diff").items() if v}
 
 
 def test_read_dictionary_hands_over_stored_codes(engine):
@@ -383,6 +396,12 @@ def test_read_dictionary_hands_over_stored_codes(engine):
     assert type(part).__name__ == "PagedPart" and part.columns["vals"][0]["codec"] == "dict"
     upd, _ = part.read(frozenset({"a"}))
     assert len(upd.vals.column("a").chunk(0).dictionary) == 3
+    queries = pa.table({"k": pa.array([5, 1, 5, 999, 42], pa.int64())})
+    coded = lt.lookup(queries, read_dictionary=["a"])
+    assert coded.schema.field("a").type == pa.dictionary(pa.int32(), pa.string())
+    assert _plain(coded).equals(lt.lookup(queries))
+    with pytest.raises(KeyError, match="read_dictionary"):
+        lt.lookup(queries, read_dictionary=["k"])
     with pytest.raises(KeyError, match="read_dictionary: 'k' is not a val column"):
         adb.join(lt, lt, read_dictionary=["k"])
     nums = engine.arrange(pa.table({"k": [1], "x": [1.5]}), key=["k"])
