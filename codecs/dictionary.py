@@ -160,9 +160,7 @@ class Dictionary(Codec):
             return None
         n = meta_length(meta)
         validity, codes_buf, dictionary = _parts(meta, buffers, n, 0, n)
-        k = len(dictionary)
-        codes = (gather(np.arange(k, dtype=np.int32), codes_buf, meta["code_bits"], n, 0, n)
-                 if k else np.zeros(n, np.int32))
+        codes = _int32_codes(codes_buf, meta, n, len(dictionary))
         index = pa.Array.from_buffers(pa.int32(), n, [
             None if validity is None else pa.py_buffer(validity), pa.py_buffer(codes)],
             null_count=-1 if validity is not None else 0)
@@ -181,9 +179,7 @@ class Dictionary(Codec):
             return None
         n = meta_length(meta)
         bitmap, codes_buf, dictionary = _parts(meta, buffers, n, 0, n)
-        k = len(dictionary)
-        codes = (gather(np.arange(k, dtype=np.int32), codes_buf, meta["code_bits"], n, 0, n)[rows]
-                 if k else np.zeros(len(rows), np.int32))
+        codes = _int32_codes(codes_buf, meta, n, len(dictionary))[rows]
         mask = (None if bitmap is None else
                 np.unpackbits(bitmap[: (n + 7) // 8], bitorder="little")[rows] == 0)
         return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32(), mask=mask),
@@ -212,6 +208,14 @@ def _parts(meta: dict, buffers, n: int, start: int, stop: int):
         check(stop == start or validity is not None and not _any_valid(validity, n),
               "codes into an empty dictionary")
     return validity, codes_buf, dictionary
+
+
+def _int32_codes(codes_buf, meta: dict, n: int, k: int) -> np.ndarray:
+    """All ``n`` codes, unpacked to int32 (Arrow's dictionary index type); zeros (under
+    nulls) for an empty dictionary."""
+    if k == 0:
+        return np.zeros(n, np.int32)
+    return gather(np.arange(k, dtype=np.int32), codes_buf, meta["code_bits"], n, 0, n)
 
 
 def _any_valid(bitmap: np.ndarray, n: int) -> bool:

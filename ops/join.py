@@ -35,7 +35,7 @@ from arrangedb.ops.common import (DEFAULT_BATCH_ROWS, check_batch_rows, check_ti
 from arrangedb.spine.cursor import Block, co_blocks
 from arrangedb.spine.kernels import consolidate
 from arrangedb.spine.order import codes
-from arrangedb.spine.part import as_dictionary, dictionary_schema
+from arrangedb.spine.part import dictionary_schema
 from arrangedb.spine.updates import Updates
 
 HOWS = ("inner", "left", "semi", "anti")
@@ -86,13 +86,6 @@ def _dictionary_columns(left, right, how: str, read_dictionary) -> tuple[frozens
                             "are for string, binary and integer columns")
         chosen[side].add(field.name)
     return frozenset(chosen[0]), frozenset(chosen[1])
-
-
-def _conform(arrays: list, fields) -> list:
-    """Columns as the output schema types them: a column asked for as a dictionary but
-    read plain (a lookup's, an all-null filler) is dictionary-encoded."""
-    return [as_dictionary(a) if pa.types.is_dictionary(f.type) and a.type != f.type else a
-            for a, f in zip(arrays, fields)]
 
 
 def _schema(left, right, how: str, changes: bool,
@@ -187,19 +180,14 @@ def product_chunks(lb: Block, rb: Block, li_key: np.ndarray, ri_key: np.ndarray,
 
     ``want_keys=False``: the caller reads keys off the left rows; many-to-one chunks then
     carry None for the left key indices instead of a repeat of them."""
-    if _one_row_per_key(lb) and _one_row_per_key(rb):
-        # key-level arrangements: keys index rows
-        for lo in range(0, len(li_key), batch_rows):
-            hi = lo + batch_rows
-            yield li_key[lo:hi], li_key[lo:hi], ri_key[lo:hi]
+    if _one_row_per_key(lb) and _one_row_per_key(rb):   # key-level: keys index rows
+        yield from _in_chunks(batch_rows, li_key, li_key, ri_key)
         return
     lstart, nl = lb.key_bounds[li_key], np.diff(lb.key_bounds)[li_key]
     rstart, nr = rb.key_bounds[ri_key], np.diff(rb.key_bounds)[ri_key]
     if (nr == 1).all():   # many-to-one (a foreign key): each left row meets one right row
         if (nl == 1).all():   # one-to-one: the matched keys' rows are the rows
-            for lo in range(0, len(li_key), batch_rows):
-                hi = lo + batch_rows
-                yield li_key[lo:hi], lstart[lo:hi], rstart[lo:hi]
+            yield from _in_chunks(batch_rows, li_key, lstart, rstart)
             return
         kidx = np.repeat(li_key, nl) if want_keys else None
         # every left key matched: the left rows in order, as slices (no index array)
@@ -214,6 +202,12 @@ def product_chunks(lb: Block, rb: Block, li_key: np.ndarray, ri_key: np.ndarray,
     for g, pos in output_chunks(nl * nr, batch_rows):
         width = nr[g]
         yield li_key[g], lstart[g] + pos // width, rstart[g] + pos % width
+
+
+def _in_chunks(batch_rows: int, *arrays: np.ndarray):
+    """The arrays' consecutive slices of ``batch_rows`` rows, side by side."""
+    for lo in range(0, len(arrays[0]), batch_rows):
+        yield tuple(a[lo:lo + batch_rows] for a in arrays)
 
 
 def _take(table: pa.Table | None, idx: np.ndarray | slice) -> list[pa.Array]:
@@ -246,10 +240,11 @@ def _expand(arrays: list[pa.Array], counts: np.ndarray, batch_rows: int):
 
 # -- snapshot join ----------------------------------------------------------------------------
 def _snapshot(left, right, at, how, expand, batch_rows, schema, dictionary):
-    rvals_schema = right.val_schema if how in ("inner", "left") else None
+    # typed as the blocks hold them (dictionary columns too): so is a left join's filler
+    rvals_schema = dictionary_schema(right.val_schema, dictionary[1]) \
+        if how in ("inner", "left") else None
 
     def emit(arrays, counts):
-        arrays = _conform(arrays, schema)
         if expand:
             if len(counts) and counts.min() < 0:
                 raise ValueError("expand=True needs non-negative counts, but the join produced "
@@ -330,7 +325,7 @@ def _incremental(left, right, since, upto, batch_rows, schema, dictionary):
         for a, b, kidx, li, ri, times, diffs in _delta_terms(dl, dr, left, right, since,
                                                              batch_rows, dictionary):
             arrays = _take(a.keys, kidx) + _take(a.vals, li) + _take(b.vals, ri)
-            pieces.append((_conform(arrays, schema), times, diffs))
+            pieces.append((arrays, times, diffs))
             if sum(len(p[1]) for p in pieces) >= batch_rows:
                 yield from _consolidated(pieces, nk, nlv, schema, alone)
                 pieces = []

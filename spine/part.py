@@ -124,20 +124,20 @@ class Part:
     def lookup_layout(self, dictionary: frozenset = frozenset()) -> PartLayout:
         """The layout for ``select_keys``; call ``release()`` once done with it.
         ``dictionary``: val columns to take as dictionary arrays (see :meth:`read`)."""
-        layout = self.layout()
-        if dictionary:
-            layout = replace(layout, vals=with_dictionaries(layout.vals, dictionary))
-        return layout
+        return self._coded_layout(dictionary)
 
     def read(self, dictionary: frozenset = frozenset()) -> tuple[Updates, np.ndarray]:
         """The part's updates, one row each, and where each key's rows start.
 
         ``dictionary``: names of val columns to hand over as dictionary arrays (int32
         codes), their strings not gathered per row."""
+        return _expand(self._coded_layout(dictionary))
+
+    def _coded_layout(self, dictionary: frozenset) -> PartLayout:
         layout = self.layout()
-        if dictionary:
-            layout = replace(layout, vals=with_dictionaries(layout.vals, dictionary))
-        return _expand(layout)
+        if not dictionary:
+            return layout
+        return replace(layout, vals=with_dictionaries(layout.vals, dictionary))
 
     def release(self) -> None:
         """Let go of resident bytes once a reader has finished with this part."""

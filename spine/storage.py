@@ -111,8 +111,7 @@ def decode_column(pagefile, group: dict, cache=None, dictionary: bool = False):
     """
     if cache is not None and group["codec"] == "zstd":
         return _through_cache(pagefile, group, cache, zstd_blocks.decode_from_blocks)
-    buffers = [np.frombuffer(pagefile.buffer(r), dtype=np.uint8).copy()
-               for r in group["regions"][: group["nbuffers"]]]
+    buffers = [b.copy() for b in _mapped(pagefile, group)]
     if dictionary:
         out = decode_dictionary(group["codec"], group["version"], group["meta"], buffers)
         if out is not None:
@@ -129,12 +128,6 @@ def take_column(pagefile, group: dict, rows: np.ndarray, cache=None,
     rows' codes and strings (only their codes, as a dictionary array, with
     ``dictionary=True``); other columns decode whole and take.
     """
-    if dictionary and group["codec"] == "dict":
-        buffers = [np.frombuffer(pagefile.buffer(r), dtype=np.uint8)
-                   for r in group["regions"][: group["nbuffers"]]]
-        out = take_dictionary(group["codec"], group["version"], group["meta"], buffers, rows)
-        if out is not None:
-            return out
     if cache is not None and group["codec"] == "zstd":
         out = _through_cache(pagefile, group, cache,
                              lambda meta, fetch: zstd_blocks.take_from_blocks(meta, fetch, rows))
@@ -143,9 +136,18 @@ def take_column(pagefile, group: dict, rows: np.ndarray, cache=None,
         column = decode_column(pagefile, group, cache)   # whole, from the cached blocks
         return column.take(pa.array(rows)) if isinstance(column, pa.Array) else column[rows]
     # a take gathers into new arrays: no copy out of the mapping needed first
-    buffers = [np.frombuffer(pagefile.buffer(r), dtype=np.uint8)
-               for r in group["regions"][: group["nbuffers"]]]
+    buffers = _mapped(pagefile, group)
+    if dictionary:
+        out = take_dictionary(group["codec"], group["version"], group["meta"], buffers, rows)
+        if out is not None:
+            return out
     return take(group["codec"], group["version"], group["meta"], buffers, rows)
+
+
+def _mapped(pagefile, group: dict) -> list[np.ndarray]:
+    """The column's buffers as views of the mapping."""
+    return [np.frombuffer(pagefile.buffer(r), dtype=np.uint8)
+            for r in group["regions"][: group["nbuffers"]]]
 
 
 def _through_cache(pagefile, group: dict, cache, read):
