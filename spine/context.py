@@ -20,7 +20,7 @@ class StorageContext:
     codec: str = "auto"
     part_bytes: int = 4 << 20     # target decoded size of a part
     window_rows: int = 1 << 16    # rows each source contributes to one merge step
-    run_bytes: int | None = None  # input buffered per sorted run (None: an eighth of the budget)
+    run_bytes: int | None = None  # what sorting one run may hold (None: half the budget)
     block_cache: object | None = None  # arrangedb.spine.blockcache.BlockCache; None: no cache
 
     @classmethod

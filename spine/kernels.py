@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from arrangedb.spine.order import (absolute_codes, codes, count_le, is_absolute,
                                    sort_rows, sorted_row_starts)
-from arrangedb.spine.updates import Updates
+from arrangedb.spine.updates import Updates, all_equal, constant
 
 
 def _key_val_codes(upd: Updates) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -57,15 +57,15 @@ def consolidate(upd: Updates, since: int | None = None, presorted_runs: bool = F
     if since:
         times = np.maximum(times, np.uint64(since))
     kc, vcs = _key_val_codes(upd)
-    constant_time = bool(times[0] == times[-1] and np.all(times == times[0]))
+    constant_time = all_equal(times)
     order, starts = sort_rows(kc, vcs, None if constant_time else times, presorted_runs)
     diffs = upd.diffs
-    constant_diff = len(starts) == n and bool(np.all(diffs == diffs[0]))
+    constant_diff = len(starts) == n and all_equal(diffs)
     if constant_diff:
         if diffs[0] == 0:
             return upd.take(np.zeros(0, dtype=np.int64))
         rows = order
-        sums = diffs if _indices(order, n) is None else np.full(n, diffs[0], dtype=np.int64)
+        sums = constant(diffs[0], n, np.int64)
     else:
         d_s = diffs[order]
         sums = d_s if len(starts) == n else np.add.reduceat(d_s, starts)
@@ -74,7 +74,7 @@ def consolidate(upd: Updates, since: int | None = None, presorted_runs: bool = F
         sums = sums[keep]
     taken = _indices(rows, n)
     keys, vals = (upd.keys, upd.vals) if taken is None else upd.take_payload(taken)
-    out_times = np.full(len(rows), times[0], dtype=np.uint64) if constant_time else times[rows]
+    out_times = constant(times[0], len(rows), np.uint64) if constant_time else times[rows]
     return Updates(keys, vals, out_times, sums)
 
 

@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from arrangedb.spine.order import sorted_row_starts
-from arrangedb.spine.updates import Updates, constant
+from arrangedb.spine.updates import Updates, all_equal, constant
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,7 @@ class PartLayout:
 def _compress_singletons(starts: np.ndarray, n: int, times: np.ndarray,
                          diffs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Bounds for leaves starting at ``starts`` (into n updates), and which updates to keep."""
-    if len(starts) == n and n and times[0] == times[-1] and diffs[0] == diffs[-1] \
-            and (times == times[0]).all() and (diffs == diffs[0]).all():
+    if len(starts) == n and n and all_equal(times) and all_equal(diffs):
         # a snapshot of distinct rows (the common merged batch): one stored (time, diff)
         bounds = np.ones(n + 1, dtype=np.uint64)
         bounds[0] = 0

@@ -27,8 +27,27 @@ def constant(value, n: int, dtype) -> np.ndarray:
     return np.broadcast_to(np.asarray(value, dtype=dtype), (n,))
 
 
+def is_constant(a: np.ndarray) -> bool:
+    """True for a stride-0 view made by :func:`constant` (every element the same)."""
+    return len(a) > 1 and a.strides[0] == 0
+
+
+def all_equal(a: np.ndarray) -> bool:
+    """Every element of a non-empty array equal (no scan of a stride-0 view)."""
+    return is_constant(a) or bool(a[0] == a[-1] and (a == a[0]).all())
+
+
 def _nbytes(a: np.ndarray) -> int:
-    return a.itemsize if len(a) > 1 and a.strides[0] == 0 else a.nbytes
+    return a.itemsize if is_constant(a) else a.nbytes
+
+
+def _concat_column(arrays: list[np.ndarray], dtype) -> np.ndarray:
+    """Concatenated, staying a stride-0 view when every piece holds one and the same
+    value (ingest of input without time/diff columns: no 16 bytes per row to fill)."""
+    first = arrays[0][0]
+    if all(len(a) == 1 or is_constant(a) for a in arrays) and all(a[0] == first for a in arrays):
+        return constant(first, sum(len(a) for a in arrays), dtype)
+    return np.concatenate(arrays)
 
 
 @dataclass(frozen=True)
@@ -69,8 +88,8 @@ class Updates:
             return parts[0]
         keys = pa.concat_tables([p.keys for p in parts])
         vals = pa.concat_tables([p.vals for p in parts]) if parts[0].vals is not None else None
-        return Updates(keys, vals, np.concatenate([p.times for p in parts]),
-                       np.concatenate([p.diffs for p in parts]))
+        return Updates(keys, vals, _concat_column([p.times for p in parts], np.uint64),
+                       _concat_column([p.diffs for p in parts], np.int64))
 
     @staticmethod
     def empty(key_schema: pa.Schema, val_schema: pa.Schema | None) -> "Updates":

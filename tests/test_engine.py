@@ -253,7 +253,7 @@ def test_distinct_rows_read_back_through_their_single_stored_update(engine, vals
     real = part_module.expand_singleton
     monkeypatch.setattr(part_module, "expand_singleton",
                         lambda *a: expanded.append(1) or real(*a))
-    n = 120_000
+    n = 300_000   # several parts of 1 MiB even key-only (8 bytes a row)
     keys = np.arange(n) // max(vals_per_key, 1) * 7
     table = pa.table({"k": keys, "v": np.arange(n) % max(vals_per_key, 1)})
     vals = ["v"] if vals_per_key else []
