@@ -23,10 +23,10 @@ import pyarrow as pa
 
 from arrangedb.spine.kernels import accumulate, consolidate, filter_times, key_starts
 from arrangedb.spine.layout import repeat_rows
-from arrangedb.spine.order import codes
+from arrangedb.spine.order import codes, fast_argsort
 from arrangedb.spine.part import dictionary_schema
 from arrangedb.spine.reader import MergedReader, step_updates
-from arrangedb.spine.updates import Updates
+from arrangedb.spine.updates import Updates, is_constant
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def _snapshot_block(upd: Updates, at: int | None, single_source: bool = False,
         # not each (key, val) summed into one row: sorting the concatenated runs by key
         # alone (a linear merge for timsort) is enough when nothing is retracted
         kc = codes([upd.keys], upd.keys.column_names)[0]
-        order = np.argsort(kc, kind="stable")
+        order = fast_argsort(kc)
         if len(order) and not (order[1:] > order[:-1]).all():
             upd = upd.take(order)
         return _block(upd.keys, upd.vals, upd.diffs)
@@ -127,7 +127,11 @@ def co_blocks(traces: list, at: int | None = None,
 
     ``bag=True`` (snapshot mode) lets a block hold one (key, val) in several rows whose
     counts add up, when that saves sorting by val: for readers of multisets, such as a
-    join expanding its output, that are indifferent to how a count is split.
+    join expanding its output, that are indifferent to how a count is split. The first
+    trace's rows may then also come one run at a time: when every row of a step's runs
+    is an insertion, each run's sorted slice is its own tuple, beside the same blocks of
+    the other traces, instead of the runs being merged by a sort (a bag reader that is
+    linear in its first input, as a join is, sums the same output).
 
     ``dictionary``: per trace, names of val columns its blocks hold as dictionary arrays
     (int32 codes; see :meth:`Part.read`).
@@ -145,17 +149,35 @@ def co_blocks(traces: list, at: int | None = None,
     reader = MergedReader(batches, ctx, tags, window_rows, dict(enumerate(dictionary)))
     for step in reader:
         out = []
+        runs = None
         for i, t in enumerate(traces):
             mine = [(u, s) for tag, u, s in step if tag == i]
             if not mine:
                 out.append(empty_block(t.key_schema, val_schemas[i], changes is not None))
                 continue
+            if i == 0 and bag and len(mine) > 1 and all(_insertions(u, at) for u, _ in mine):
+                runs = [_snapshot_block(u, at, True, bag, s) for u, s in mine]
+                out.append(None)
+                continue
             single = len(mine) == 1
             upd, starts = mine[0] if single else (step_updates(step, i), None)
             out.append(_snapshot_block(upd, at, single, bag, starts) if changes is None
                        else _changes_block(upd, *changes, t.since, single, starts))
-        if any(len(b) for b in out):
-            yield tuple(out)
+        for first in runs or [out[0]]:
+            block = (first, *out[1:])
+            if any(len(b) for b in block):
+                yield block
+
+
+def _insertions(upd: Updates, at: int | None) -> bool:
+    """Every row an insertion visible at ``at``: its rows count as they are, so a bag
+    reader may take them without summing them with other runs' rows."""
+    if len(upd) == 0:
+        return True
+    t, d = upd.times, upd.diffs
+    t_max = int(t[0]) if is_constant(t) else int(t.max())
+    d_min = int(d[0]) if is_constant(d) else int(d.min())
+    return (at is None or t_max <= at) and d_min > 0
 
 
 def blocks(trace, at: int | None = None, changes: tuple[int, int | None] | None = None,

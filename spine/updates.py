@@ -41,6 +41,11 @@ def _nbytes(a: np.ndarray) -> int:
     return a.itemsize if is_constant(a) else a.nbytes
 
 
+def _take_column(a: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """``a[indices]``; a stride-0 view stays one (its rows are all alike)."""
+    return constant(a[0], len(indices), a.dtype) if is_constant(a) else a[indices]
+
+
 def _concat_column(arrays: list[np.ndarray], dtype) -> np.ndarray:
     """Concatenated, staying a stride-0 view when every piece holds one and the same
     value (ingest of input without time/diff columns: no 16 bytes per row to fill)."""
@@ -68,7 +73,8 @@ class Updates:
     def take(self, indices: np.ndarray) -> "Updates":
         idx = pa.array(indices) if not isinstance(indices, pa.Array) else indices
         vals = self.vals.take(idx) if self.vals is not None else None
-        return Updates(self.keys.take(idx), vals, self.times[indices], self.diffs[indices])
+        return Updates(self.keys.take(idx), vals, _take_column(self.times, indices),
+                       _take_column(self.diffs, indices))
 
     def take_payload(self, indices: np.ndarray) -> tuple[pa.Table, pa.Table | None]:
         """Keys and vals of the given rows (times and diffs are the caller's business)."""
