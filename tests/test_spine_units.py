@@ -347,3 +347,34 @@ def test_cursor_blocks_never_split_a_key(rows, window):
         assert ks == sorted(set(ks))
         seen.extend(ks)
     assert seen == sorted(set(seen))
+
+
+def test_merged_reads_take_full_steps_over_sources_of_unequal_density():
+    """A dense trace (one row per id) read beside a sparse one (eight rows per id, over
+    the same ids), both cut into many small parts: every row comes once, in key order,
+    in about as many steps as the step size allows -- windows follow each source's
+    density and run on across part ends instead of cutting the step short there."""
+    from arrangedb.spine.reader import MergedReader
+
+    rng = np.random.default_rng(5)
+    dense = pa.table({"k": np.arange(10_000, dtype=np.int64),
+                      "v": np.zeros(10_000, np.int64)})
+    sparse = pa.table({"k": rng.integers(0, 10_000, 80_000),
+                       "v": np.arange(80_000, dtype=np.int64)})
+    ctx = dict(part_bytes=8 << 10, window_rows=2048)
+    traces = [memory_trace(dense, ["k"], ["v"], **ctx),
+              memory_trace(sparse, ["k"], ["v"], **ctx)]
+    batches = [b for t in traces for b in t.spine.batches()]
+    assert all(len(b.parts) > 10 for b in batches)
+    reader = MergedReader(batches, traces[0].ctx, tags=[0, 1])
+    steps, seen, last = 0, [0, 0], -1
+    for step in reader:
+        steps += 1
+        keys = np.concatenate([u.keys["k"].to_numpy() for _, u, _ in step])
+        assert keys.min() > last
+        last = keys.max()
+        for tag, u, _ in step:
+            seen[tag] += len(u)
+    assert seen == [10_000, 80_000]
+    ideal = 90_000 / (reader.window_rows * 2)
+    assert steps <= 1.5 * ideal + 2, (steps, ideal)
