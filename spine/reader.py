@@ -29,105 +29,92 @@ from arrangedb.spine.updates import Updates
 
 class BatchReader:
     """Walks one batch part by part. A window that would run past the current part's
-    end continues into the next part (parts hold disjoint key ranges), so windows are
-    never cut short by where parts happen to end: the rows still held are the current
-    part's tail and the next part."""
+    end continues into the next parts (parts hold disjoint key ranges), so windows are
+    never cut short by where parts happen to end; only the rows of a window that spans
+    parts are copied into one run. The parts held are those the unread window touches.
+    """
 
     def __init__(self, batch: Batch, ctx: StorageContext, start_part: int = 0,
                  dictionary: frozenset = frozenset()):
         self.batch = batch
         self.ctx = ctx
         self.dictionary = dictionary   # val columns read as dictionary arrays
-        self._part_index = start_part - 1
-        self._updates: Updates | None = None
-        self._key_starts: np.ndarray | None = None
-        self._pos = 0
-        # parts whose rows are in use: (part index, bytes reserved, where its rows end
-        # in the rows held)
-        self._held: list[tuple[int, int, int]] = []
-        self._advance()
+        self._next = start_part        # the next part to decode
+        # decoded parts in use, oldest first: (updates, key starts, part index, reserved)
+        self._held: list[tuple[Updates, np.ndarray, int, int]] = []
+        self._pos = 0                  # rows of the oldest held part already taken
+        self._load()
 
     @property
     def exhausted(self) -> bool:
-        return self._updates is None
+        return not self._held
 
-    def _next_part(self) -> int | None:
-        i = self._part_index + 1
-        while i < len(self.batch.parts) and self.batch.parts[i].num_updates == 0:
-            i += 1
-        return i if i < len(self.batch.parts) else None
-
-    def _read(self, i: int, offset: int = 0) -> tuple[Updates, np.ndarray]:
-        upd, starts = self.batch.parts[i].read(self.dictionary)
-        self.ctx.reserve(upd.nbytes, "decoded part")
-        self._held.append((i, upd.nbytes, offset + len(upd)))
-        self._part_index = i
-        return upd, starts
-
-    def _advance(self) -> None:
-        self._drop_current()
-        i = self._next_part()
-        if i is None:
-            self._part_index = len(self.batch.parts)
-            return
-        self._updates, self._key_starts = self._read(i)
-        self._pos = 0
-
-    def _extend(self) -> bool:
-        """The current part's unread tail followed by the next part, as one run of rows
-        (False when there is none). Dictionary columns are not joined up: each part
-        has its own dictionary."""
-        i = self._next_part()
-        if i is None or self.dictionary:
+    def _load(self) -> bool:
+        """Decode the next non-empty part (False when there is none)."""
+        parts = self.batch.parts
+        while self._next < len(parts) and parts[self._next].num_updates == 0:
+            self._next += 1
+        if self._next >= len(parts):
             return False
-        lo, n = self._pos, len(self._updates)
-        tail = self._updates.slice(lo, n)
-        ks = self._key_starts
-        tail_starts = ks[int(np.searchsorted(ks, lo)):-1] - lo
-        done = [h for h in self._held if h[2] <= lo]   # read through: let them go
-        self._held = [(j, b, end - lo) for j, b, end in self._held if end > lo]
-        self._release(done)
-        upd, starts = self._read(i, n - lo)
-        self._updates = Updates.concat([tail, upd])
-        self._key_starts = np.concatenate([tail_starts, starts + (n - lo)])
-        self._pos = 0
+        i, self._next = self._next, self._next + 1
+        upd, starts = parts[i].read(self.dictionary)
+        self.ctx.reserve(upd.nbytes, "decoded part")
+        self._held.append((upd, starts, i, upd.nbytes))
         return True
 
-    def _release(self, held: list[tuple[int, int, int]]) -> None:
-        for i, nbytes, _ in held:
-            self.batch.parts[i].release()
-            self.ctx.release(nbytes)
-
-    def _drop_current(self) -> None:
-        held, self._held = self._held, []
-        self._release(held)
-        self._updates = None
+    def _drop_oldest(self) -> None:
+        _, _, i, nbytes = self._held.pop(0)
+        self.batch.parts[i].release()
+        self.ctx.release(nbytes)
+        self._pos = 0
 
     def window(self, rows: int) -> Updates:
-        """The next ~``rows`` rows, ending at a key boundary."""
-        while len(self._updates) - self._pos < rows and self._extend():
+        """The next ~``rows`` rows, ending at a key boundary (a part's end is one).
+        Dictionary columns are not joined across parts (each part has its own
+        dictionary): such a window ends with its part."""
+        while (sum(len(h[0]) for h in self._held) - self._pos < rows and not self.dictionary
+               and self._load()):
             pass
-        upd = self._updates
-        want = self._pos + rows
-        i = int(np.searchsorted(self._key_starts, want, side="left"))
-        end = int(self._key_starts[min(i, len(self._key_starts) - 1)])
-        return upd.slice(self._pos, end)
+        pieces, need, lo = [], rows, self._pos
+        for upd, ks, _, _ in self._held:
+            if len(upd) - lo >= need:
+                i = int(np.searchsorted(ks, lo + need, side="left"))
+                pieces.append(upd.slice(lo, int(ks[min(i, len(ks) - 1)])))
+                break
+            pieces.append(upd.slice(lo, len(upd)))
+            need -= len(upd) - lo
+            lo = 0
+        return pieces[0] if len(pieces) == 1 else Updates.concat(pieces)
 
     def take(self, n: int) -> tuple[Updates, np.ndarray | None]:
         """The next ``n`` rows, and where their keys start (plus the end) when the rows
         end at a key boundary -- as windows and bounds cut them -- else None."""
-        lo, hi = self._pos, self._pos + n
-        out = self._updates.slice(lo, hi)
-        ks = self._key_starts
-        i, j = np.searchsorted(ks, [lo, hi])
-        starts = ks[i:j + 1] - lo if j < len(ks) and ks[i] == lo and ks[j] == hi else None
-        self._pos = hi
-        if self._pos >= len(self._updates):
-            self._advance()
-        return out, starts
+        pieces, starts, taken = [], [], 0
+        while taken < n:
+            upd, ks, _, _ = self._held[0]
+            lo = self._pos
+            hi = min(len(upd), lo + n - taken)
+            pieces.append(upd.slice(lo, hi))
+            i, j = np.searchsorted(ks, [lo, hi])
+            whole = j < len(ks) and ks[i] == lo and ks[j] == hi
+            starts.append(ks[i:j + 1] - lo + taken if whole else None)
+            taken += hi - lo
+            self._pos = hi
+            if self._pos >= len(upd):
+                self._drop_oldest()
+                if not self._held:
+                    self._load()
+        if len(pieces) == 1:
+            return pieces[0], starts[0]
+        if any(s is None for s in starts):
+            return Updates.concat(pieces), None
+        # each piece's starts end where the next piece's begin: keep that position once
+        return Updates.concat(pieces), np.concatenate([s[:-1] for s in starts[:-1]]
+                                                      + [starts[-1]])
 
     def close(self) -> None:
-        self._drop_current()
+        while self._held:
+            self._drop_oldest()
 
 
 class MergedReader:
