@@ -21,22 +21,28 @@ class StorageContext:
     part_bytes: int = 4 << 20     # target decoded size of a part
     window_rows: int = 1 << 16    # rows each source contributes to one merge step
     run_bytes: int | None = None  # what sorting one run may hold (None: half the budget)
+    read_fan_in: int = 8          # runs a read walks at once (more are merged down first)
     block_cache: object | None = None  # arrangedb.spine.blockcache.BlockCache; None: no cache
 
     @classmethod
     def for_budget(cls, budget, spill, codec: str = "auto") -> "StorageContext":
         limit = budget.limit if budget is not None else 1 << 30
-        # a reader of a k-way merge holds one decoded part per source (up to 8, about
-        # twice the part's stored size each): 8 x 2 x limit/64 = a quarter of the budget
-        part = min(max(limit // 64, 256 << 10), 16 << 20)
         window = min(max(limit // (64 * 32), 4096), 1 << 18)
+        # A merged step is four windows of rows, whatever the number of sources; a bag
+        # read hands each run's slice of it on its own, so more runs are read at once
+        # (fewer merged down) only while each slice keeps 64k rows: 8 runs, up to 16
+        # from 512 MiB.
+        fan_in = max(8, min(16, 4 * window // (1 << 16)))
+        # A reader holds one decoded part per source (about twice the part's stored
+        # size): fan_in x 2 x part = a quarter of the budget.
+        part = min(max(limit // (8 * fan_in), 256 << 10), 16 << 20)
         cache = None
         if budget is not None:
             from arrangedb.spine.blockcache import BlockCache
 
             cache = BlockCache(budget)
         return cls(budget=budget, spill=spill, codec=codec, part_bytes=part, window_rows=window,
-                   block_cache=cache)
+                   read_fan_in=fan_in, block_cache=cache)
 
     def close(self) -> None:
         """Drop what the context holds on the budget's behalf (the block cache)."""

@@ -241,7 +241,8 @@ def row_starts(*code_arrays: np.ndarray) -> np.ndarray:
 
 
 def _bits(x: np.ndarray) -> tuple[int, np.ndarray]:
-    """Bits needed for ``x - min(x)`` and that offset array as uint64."""
+    """Bits needed for ``x - min(x)`` and that offset array as uint64 (always a new
+    array, never a view of ``x``: callers shift it in place)."""
     lo = x.min()
     span = int(x.max()) - int(lo)
     off = (x.astype(np.int64, copy=False) - np.int64(lo)).view(np.uint64) if x.dtype.kind == "i" \
@@ -326,7 +327,9 @@ def _prefix_order(columns: list[np.ndarray], presorted_runs: bool = False
         if take <= 0:
             break
         prefix <<= np.uint64(take)
-        prefix |= off >> np.uint64(bits - take)
+        off >>= np.uint64(bits - take)   # _bits' array is our own: shifted in place
+        prefix |= off
+        del off
         used += take
     order, ties = _packed_argsort(prefix, stable_merge=presorted_runs, ties=True)  # fits
     tied = None if complete else _tie_groups(ties)   # complete: equal prefixes, equal rows
@@ -362,7 +365,8 @@ def _packed_argsort(x: np.ndarray, stable_merge: bool = False, ties: bool = Fals
     bits, off = _bits(x)
     if bits + index_bits > 64:
         return None
-    p = off << np.uint64(index_bits)
+    p = off                              # _bits' array is our own: packed in place
+    p <<= np.uint64(index_bits)
     p |= np.arange(n, dtype=np.uint64)
     _sort_values(p, stable_merge)
     equal = None

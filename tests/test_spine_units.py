@@ -378,3 +378,54 @@ def test_merged_reads_take_full_steps_over_sources_of_unequal_density():
     assert seen == [10_000, 80_000]
     ideal = 90_000 / (reader.window_rows * 2)
     assert steps <= 1.5 * ideal + 2, (steps, ideal)
+
+
+def test_input_without_time_or_diff_keeps_them_one_element_each():
+    """A snapshot load's times and diffs are stride-0 views from ingest through the
+    sort: its updates cost their payload alone, and consolidation keeps them so."""
+    from arrangedb.spine.ingest import to_updates
+    from arrangedb.spine.updates import is_constant
+
+    t = pa.table({"k": np.array([3, 1, 2, 1], np.int64), "v": np.array([1., 2., 3., 4.])})
+    cols = Columns.resolve(t.schema, ["k"], ["v"], None, None)
+    ks, vs = target_schemas(t.schema, cols)
+    pieces = [to_updates(b, cols, ks, vs) for b in t.to_batches(max_chunksize=2)]
+    upd = Updates.concat(pieces)
+    assert is_constant(upd.times) and is_constant(upd.diffs)
+    assert upd.nbytes == t.nbytes + 16
+    out = consolidate(upd)
+    assert is_constant(out.times) and is_constant(out.diffs)
+    assert out.keys["k"].to_pylist() == [1, 1, 2, 3] and out.diffs.tolist() == [1] * 4
+
+
+@pytest.mark.parametrize("limit", [8 << 20, 128 << 20, 256 << 20, 512 << 20, 4 << 30])
+def test_readers_hold_at_most_a_quarter_of_the_budget_in_decoded_parts(limit):
+    from arrangedb.pager import MemoryBudget
+
+    with MemoryBudget(limit, sample_interval=0) as budget:
+        ctx = StorageContext.for_budget(budget, None)
+    assert 8 <= ctx.read_fan_in <= 16
+    assert ctx.read_fan_in * 2 * ctx.part_bytes <= max(limit // 4, 16 * (256 << 10))
+    assert ctx.read_fan_in == (16 if limit >= 512 << 20 else 8)
+
+
+def test_runs_hold_at_most_half_the_budget_by_their_sort_cost(tmp_path, monkeypatch):
+    """Runs are cut when input plus what sorting it holds reaches half the budget."""
+    from arrangedb import Engine
+    from arrangedb.spine import trace as trace_module
+
+    sealed = []
+    real = trace_module.Trace._seal_run
+    monkeypatch.setattr(trace_module.Trace, "_seal_run", lambda self, buffered, reserved: (
+        sealed.append((reserved, sum(len(u) for u in buffered))) or real(self, buffered,
+                                                                          reserved)))
+    n = 1_500_000
+    t = pa.table({"k": np.random.default_rng(0).integers(0, 1 << 40, n), "v": np.arange(n)})
+    with Engine(spill_dir=tmp_path, memory_budget="32MiB") as engine:
+        trace = engine.arrange(t, key=["k"], vals=["v"])
+        assert len(trace.snapshot().read_all()) == n
+        piece = t.slice(0, 1 << 16).nbytes   # ingest appends whole table chunks
+        for reserved, rows in sealed:
+            assert trace_module._sort_cost(reserved, rows) <= (16 << 20) + \
+                trace_module._sort_cost(piece, 1 << 16)
+    assert len(sealed) >= 4 and sum(rows for _, rows in sealed) == n
