@@ -18,7 +18,7 @@ SCRIPT = textwrap.dedent("""
 
     budget, root = int(sys.argv[1]), sys.argv[2]
     rows_per_batch = 1 << 16
-    row_bytes = 8 + 8 + 16                       # key, val, and each update's time and diff
+    row_bytes = 8 + 8                            # key and val (a snapshot: no time/diff a row)
     total = 8 * budget // row_bytes              # both sides together: 8x the budget
     n_orders, n_customers = total * 7 // 8, total // 8
     keys = n_customers

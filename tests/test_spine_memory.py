@@ -22,7 +22,7 @@ SCRIPT = textwrap.dedent("""
 
     budget, factor, root = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     rows_per_batch = 1 << 16
-    row_bytes = 8 + 8 + 16          # key, val, and the time/diff every update carries
+    row_bytes = 8 + 8               # key and val: a snapshot stores no time/diff per row
     batches = factor * budget // (row_bytes * rows_per_batch)
     expected = {"rows": 0, "key_sum": 0, "val_sum": 0}
 
