@@ -155,7 +155,8 @@ def co_blocks(traces: list, at: int | None = None,
             if not mine:
                 out.append(empty_block(t.key_schema, val_schemas[i], changes is not None))
                 continue
-            if i == 0 and bag and len(mine) > 1 and all(_insertions(u, at) for u, _ in mine):
+            if (i == 0 and bag and changes is None and len(mine) > 1
+                    and all(_insertions(u, at) for u, _ in mine)):
                 runs = [_snapshot_block(u, at, True, bag, s) for u, s in mine]
                 out.append(None)
                 continue

@@ -52,17 +52,20 @@ def _sort_cost(input_bytes: int, rows: int) -> int:
     return 2 * input_bytes + _SORT_BYTES_PER_ROW * rows
 
 
-def _pieces(stream, max_bytes: int):
-    """The stream's non-empty batches, sliced so that none exceeds ``max_bytes``: a run
-    must not have to take a whole oversized batch (its sort would outgrow the budget)."""
+def _pieces(stream, max_cost: int):
+    """The stream's non-empty batches, sliced so that sorting none of them alone would
+    hold more than ``max_cost`` (:func:`_sort_cost`, counting the 16 bytes of time and
+    diff a row may gain as updates): a run must not have to take a whole oversized
+    batch, whose sort would outgrow the budget."""
     for rb in stream:
         n = rb.num_rows
         if n == 0:
             continue
-        if rb.nbytes <= max_bytes:
+        cost = _sort_cost(rb.nbytes + 16 * n, n)
+        if cost <= max_cost:
             yield rb
             continue
-        rows = max(1, n * max_bytes // rb.nbytes)
+        rows = max(1, n * max_cost // cost)
         for lo in range(0, n, rows):
             yield rb.slice(lo, rows)
 
@@ -126,6 +129,12 @@ class Trace:
         try:
             for rb in _pieces(stream, max(run_bytes // 4, 1)):
                 upd = to_updates(rb, cols, self.key_schema, self.val_schema)
+                if buffered and _sort_cost(size + upd.nbytes, rows + len(upd)) > run_bytes:
+                    # this piece would take the run's sort past its share: sort without it
+                    reserved, size, rows = size, 0, 0
+                    runs.append(self._seal_run(buffered, reserved))
+                    buffered = []
+                    run_bytes = self._run_bytes()
                 self.ctx.reserve(upd.nbytes, "ingest buffer")
                 buffered.append(upd)
                 size += upd.nbytes
@@ -164,20 +173,24 @@ class Trace:
         orders, the sorted copy): they are reserved too (:func:`_sort_cost`), so the
         budget sees them instead of leaving them to the allowance.
         """
-        rows = sum(len(u) for u in buffered)
-        temporaries = _sort_cost(reserved, rows) - reserved
-        self.ctx.reserve(temporaries, "sorting a run")
         try:
-            run = consolidate(Updates.concat(buffered))
-            buffered.clear()
-        finally:
-            # the sort's arrays are gone; the builder reserves the sorted copy, and the
-            # input's reservation covers the builder's encoding temporaries until done
-            self.ctx.release(temporaries)
-        try:
+            rows = sum(len(u) for u in buffered)
+            temporaries = _sort_cost(reserved, rows) - reserved
+            self.ctx.reserve(temporaries, "sorting a run")
+            try:
+                run = consolidate(Updates.concat(buffered))
+                buffered.clear()
+            finally:
+                # the sort's arrays are gone; the builder reserves the sorted copy, and
+                # the input's reservation covers its encoding temporaries until done
+                self.ctx.release(temporaries)
             builder = Builder(self.ctx, self.key_schema, self.val_schema)
-            builder.push(run)
-            return builder.done()
+            try:
+                builder.push(run)
+                return builder.done()
+            except BaseException:
+                builder.abort()   # its reservation and half-written file go now
+                raise
         finally:
             self.ctx.release(reserved)
 

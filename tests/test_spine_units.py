@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import hypothesis.strategies as st
 import numpy as np
@@ -368,13 +369,17 @@ def test_merged_reads_take_full_steps_over_sources_of_unequal_density():
     assert all(len(b.parts) > 10 for b in batches)
     reader = MergedReader(batches, traces[0].ctx, tags=[0, 1])
     steps, seen, last = 0, [0, 0], -1
+    from arrangedb.spine.kernels import key_starts
+
     for step in reader:
         steps += 1
         keys = np.concatenate([u.keys["k"].to_numpy() for _, u, _ in step])
         assert keys.min() > last
         last = keys.max()
-        for tag, u, _ in step:
+        for tag, u, starts in step:
             seen[tag] += len(u)
+            if starts is not None:   # rows taken across parts: their key starts joined up
+                assert np.array_equal(starts, key_starts(u.keys))
     assert seen == [10_000, 80_000]
     ideal = 90_000 / (reader.window_rows * 2)
     assert steps <= 1.5 * ideal + 2, (steps, ideal)
@@ -429,3 +434,61 @@ def test_runs_hold_at_most_half_the_budget_by_their_sort_cost(tmp_path, monkeypa
             assert trace_module._sort_cost(reserved, rows) <= (16 << 20) + \
                 trace_module._sort_cost(piece, 1 << 16)
     assert len(sealed) >= 4 and sum(rows for _, rows in sealed) == n
+
+
+@pytest.mark.parametrize("kind", ["batch", "parquet"])
+def test_one_large_input_batch_is_sorted_within_a_small_budget(tmp_path, kind):
+    """A single batch far larger than a run (a RecordBatch, Parquet's 256k-row batches of
+    narrow rows) is cut by what sorting it would hold, never handed to one run whole."""
+    import pyarrow.parquet as pq
+
+    from arrangedb import Engine
+
+    keys = np.random.default_rng(2).integers(0, 1 << 40, 2_000_000 if kind == "batch"
+                                             else 600_000)
+    data = pa.record_batch({"k": keys})
+    if kind == "parquet":
+        data = str(tmp_path / "k.parquet")
+        pq.write_table(pa.table({"k": keys}), data)
+    with Engine(spill_dir=tmp_path, memory_budget="32MiB" if kind == "batch" else "16MiB") as e:
+        got = e.arrange(data, key=["k"]).snapshot().read_all()
+    want = np.unique(keys, return_counts=True)
+    assert np.array_equal(got["k"].to_numpy(), want[0])
+    assert np.array_equal(got["count"].to_numpy(), want[1])
+
+
+@pytest.mark.parametrize("where", ["sort", "write"])
+def test_a_failed_run_gives_back_every_reservation(tmp_path, monkeypatch, where):
+    from arrangedb import Engine
+    from arrangedb.spine import builder as builder_module
+    from arrangedb.spine import trace as trace_module
+
+    def boom(*a, **k):
+        raise RuntimeError("injected")
+
+    if where == "sort":
+        monkeypatch.setattr(trace_module, "consolidate", boom)
+    else:
+        monkeypatch.setattr(builder_module.Builder, "done", boom)
+    with Engine(spill_dir=tmp_path, memory_budget="32MiB") as e:
+        with pytest.raises(RuntimeError, match="injected"):
+            e.arrange(pa.table({"k": np.arange(100_000), "v": np.arange(100_000)}),
+                      key=["k"], vals=["v"])
+        assert e.budget.held == 0
+        assert not [f for f in os.listdir(e.spill.path) if f.endswith((".pg", ".tmp"))]
+
+
+def test_allocator_tuning_is_applied_once_and_can_be_turned_off():
+    import platform
+    import subprocess
+    import sys
+
+    code = ("from arrangedb.pager import MemoryBudget; from arrangedb.pager import budget; "
+            "MemoryBudget('8MiB', sample_interval=0).close(); print(budget._tuned)")
+    def tuned(env_value):
+        env = dict(os.environ, ARRANGEDB_TUNE_MALLOC=env_value)
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True, check=True).stdout.strip()
+    assert tuned("0") == "False"
+    if platform.libc_ver()[0] == "glibc":
+        assert tuned("1") == "True"
