@@ -5,7 +5,8 @@ orders x customers on customer_id, then count and sum(amount) per region, on loc
 - arrangedb cold: snapshot_join + snapshot_reduce from Parquet (arranged in the tasks);
 - arrangedb reused: both sides arranged once with arrange_df (not timed), then queried;
 - Spark sort-merge join (spark.sql.autoBroadcastJoinThreshold=-1);
-- Spark's default plan (whatever the optimizer picks with its default threshold).
+- Spark's default plan (whatever the optimizer picks with its default threshold);
+- the transfer alone: the cold plan's shuffle into a mapInArrow that only counts rows.
 
 Peak memory is the RSS of the whole process tree (this Python driver, the JVM it
 launched and the Python workers), sampled every 50 ms. Ratios are Spark's time over
@@ -150,6 +151,27 @@ def test_arrangedb_reused_arrangements(benchmark, env):
     spark, _, _, (ao, ac), parts = env
     got, _ = _run(benchmark, "arrangedb reused", lambda: _ours(spark, ao, ac, parts))
     assert _same(got, RESULTS["_expected"])
+
+
+def test_transfer_floor(benchmark, env):
+    """The same shuffle into the same mapInArrow, whose function only counts the rows it
+    is handed: what the cold plan pays before arrangedb does any work (Spark converts
+    every shuffled row to Arrow and sends it to a Python worker; its own join does not)."""
+    import pyarrow as pa
+
+    from arrangedb.spark_integration import snapshot_join
+
+    spark, orders, customers, _, parts = env
+    shuffled = snapshot_join(orders, customers, "customer_id",
+                             num_partitions=parts)._arrangedb_join[0]
+
+    def count(batches):
+        n = sum(b.num_rows for b in batches)
+        yield pa.record_batch({"rows": pa.array([n], pa.int64())})
+
+    rows = _run(benchmark, "mapInArrow transfer alone",
+                lambda: sum(r["rows"] for r in shuffled.mapInArrow(count, "rows long").collect()))
+    assert rows == orders.count() + customers.count()
 
 
 def _report():
