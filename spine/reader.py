@@ -43,11 +43,18 @@ class BatchReader:
         # decoded parts in use, oldest first: (updates, key starts, part index, reserved)
         self._held: list[tuple[Updates, np.ndarray, int, int]] = []
         self._pos = 0                  # rows of the oldest held part already taken
-        self._load()
+        self._started = False          # nothing is decoded before the first read: a merge
+                                       # waiting for fuel holds no part
 
     @property
     def exhausted(self) -> bool:
+        self._start()
         return not self._held
+
+    def _start(self) -> None:
+        if not self._started:
+            self._started = True
+            self._load()
 
     def _load(self) -> bool:
         """Decode the next non-empty part (False when there is none)."""
@@ -72,6 +79,7 @@ class BatchReader:
         """The next ~``rows`` rows, ending at a key boundary (a part's end is one).
         Dictionary columns are not joined across parts (each part has its own
         dictionary): such a window ends with its part."""
+        self._start()
         while (sum(len(h[0]) for h in self._held) - self._pos < rows and not self.dictionary
                and self._load()):
             pass
@@ -89,6 +97,7 @@ class BatchReader:
     def take(self, n: int) -> tuple[Updates, np.ndarray | None]:
         """The next ``n`` rows, and where their keys start (plus the end) when the rows
         end at a key boundary -- as windows and bounds cut them -- else None."""
+        self._start()
         pieces, starts, taken = [], [], 0
         while taken < n:
             upd, ks, _, _ = self._held[0]

@@ -492,3 +492,17 @@ def test_allocator_tuning_is_applied_once_and_can_be_turned_off():
     assert tuned("0") == "False"
     if platform.libc_ver()[0] == "glibc":
         assert tuned("1") == "True"
+
+
+def test_a_merge_waiting_for_fuel_holds_no_decoded_part(tmp_path):
+    """Runs enter the spine with a merge in progress; until fuel reaches it, its readers
+    have decoded nothing, so the budget holds nothing for it."""
+    from arrangedb import Engine
+
+    with Engine(spill_dir=tmp_path, memory_budget="32MiB") as e:
+        keys = np.random.default_rng(3).integers(0, 1 << 40, 2_000_000)
+        t = e.arrange(pa.record_batch({"k": keys}), key=["k"])
+        assert t.stats()["merges_in_progress"] >= 1
+        assert e.budget.held == 0
+        assert t.snapshot().read_all()["count"].to_numpy().sum() == len(keys)
+        assert e.budget.held == 0
