@@ -126,27 +126,28 @@ class Trace:
         runs: list[Batch] = []
         buffered: list[Updates] = []
         size = rows = 0
+
+        def seal():
+            """Sort what is buffered into a run; its reservation passes to _seal_run."""
+            nonlocal buffered, size, rows, run_bytes
+            reserved, size, rows = size, 0, 0
+            runs.append(self._seal_run(buffered, reserved))
+            buffered = []
+            run_bytes = self._run_bytes()
+
         try:
             for rb in _pieces(stream, max(run_bytes // 4, 1)):
                 upd = to_updates(rb, cols, self.key_schema, self.val_schema)
                 if buffered and _sort_cost(size + upd.nbytes, rows + len(upd)) > run_bytes:
-                    # this piece would take the run's sort past its share: sort without it
-                    reserved, size, rows = size, 0, 0
-                    runs.append(self._seal_run(buffered, reserved))
-                    buffered = []
-                    run_bytes = self._run_bytes()
+                    seal()   # this piece would take the run's sort past its share
                 self.ctx.reserve(upd.nbytes, "ingest buffer")
                 buffered.append(upd)
                 size += upd.nbytes
                 rows += len(upd)
                 if _sort_cost(size, rows) >= run_bytes:
-                    reserved, size, rows = size, 0, 0
-                    runs.append(self._seal_run(buffered, reserved))
-                    buffered = []
-                    run_bytes = self._run_bytes()
+                    seal()
             if buffered:
-                reserved, size, rows = size, 0, 0
-                runs.append(self._seal_run(buffered, reserved))
+                seal()
         finally:
             self.ctx.release(size)
         if merge:
