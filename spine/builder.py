@@ -19,7 +19,7 @@ from arrangedb.spine.description import Description
 from arrangedb.spine.kernels import key_starts
 from arrangedb.spine.layout import to_layout
 from arrangedb.spine.part import MemoryPart, boundary_key, payload_bytes
-from arrangedb.spine.updates import Updates, is_constant
+from arrangedb.spine.updates import Updates, extent
 
 
 class Builder:
@@ -40,8 +40,7 @@ class Builder:
         """Append sorted, consolidated updates whose keys all follow what came before."""
         if len(chunk) == 0:
             return
-        t = chunk.times
-        lo, hi = (int(t[0]), int(t[0])) if is_constant(t) else (int(t.min()), int(t.max()))
+        lo, hi = extent(chunk.times)
         self._lower = lo if self._lower is None else min(self._lower, lo)
         self._upper = max(self._upper, hi + 1)
         nbytes = chunk.nbytes

@@ -26,7 +26,7 @@ from arrangedb.spine.layout import repeat_rows
 from arrangedb.spine.order import codes, fast_argsort
 from arrangedb.spine.part import dictionary_schema
 from arrangedb.spine.reader import MergedReader, step_updates
-from arrangedb.spine.updates import Updates, is_constant
+from arrangedb.spine.updates import Updates, extent
 
 
 @dataclass(frozen=True)
@@ -175,10 +175,7 @@ def _insertions(upd: Updates, at: int | None) -> bool:
     reader may take them without summing them with other runs' rows."""
     if len(upd) == 0:
         return True
-    t, d = upd.times, upd.diffs
-    t_max = int(t[0]) if is_constant(t) else int(t.max())
-    d_min = int(d[0]) if is_constant(d) else int(d.min())
-    return (at is None or t_max <= at) and d_min > 0
+    return (at is None or extent(upd.times)[1] <= at) and extent(upd.diffs)[0] > 0
 
 
 def blocks(trace, at: int | None = None, changes: tuple[int, int | None] | None = None,

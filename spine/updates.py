@@ -37,6 +37,13 @@ def all_equal(a: np.ndarray) -> bool:
     return is_constant(a) or bool(a[0] == a[-1] and (a == a[0]).all())
 
 
+def extent(a: np.ndarray) -> tuple[int, int]:
+    """Smallest and largest element of a non-empty array (no scan of a stride-0 view)."""
+    if is_constant(a):
+        return int(a[0]), int(a[0])
+    return int(a.min()), int(a.max())
+
+
 def _nbytes(a: np.ndarray) -> int:
     return a.itemsize if is_constant(a) else a.nbytes
 
