@@ -208,7 +208,7 @@ def take_from_blocks(meta: dict, fetch, rows: np.ndarray):
         bounds = np.asarray(raw, np.int64)
         first = np.searchsorted(bounds, rows * item, side="right") - 1
         last = np.searchsorted(bounds, rows * item + item - 1, side="right") - 1
-        needed = np.union1d(first, last)
+        needed = _distinct_sorted(first, last, len(bounds))
         sizes = np.diff(bounds)[needed]
         starts = np.zeros(len(needed), np.int64)
         np.cumsum(sizes[:-1], out=starts[1:])
@@ -272,3 +272,12 @@ class ZstdBlocks(Codec):
 
 
 ZSTD = register(ZstdBlocks())
+
+
+def _distinct_sorted(a: np.ndarray, b: np.ndarray, size: int) -> np.ndarray:
+    """The distinct values of two arrays of block indices below ``size``, sorted: a mask
+    over the blocks (np.union1d hashes or sorts every row index)."""
+    seen = np.zeros(size, dtype=bool)
+    seen[a] = True
+    seen[b] = True
+    return np.flatnonzero(seen)

@@ -294,10 +294,14 @@ def _tie_groups(ties: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     Ties are few where this is used (prefixes of distinct rows): only the tied rows are
     labelled, never a group id for every row.
     """
-    first = np.flatnonzero(ties)            # row first+1 equals row first
-    if len(first) == 0:
+    if not ties.any():
         return None
-    sub = np.union1d(first, first + 1)
+    # rows tied with the next or the previous one: a mask, not np.union1d (numpy 2.4's
+    # hashing unique took 0.87 s for 1.6M tied rows where this takes 1 ms)
+    tied = np.zeros(len(ties) + 1, dtype=bool)
+    tied[:-1] = ties
+    tied[1:] |= ties
+    sub = np.flatnonzero(tied)
     continues = np.zeros(len(sub), dtype=bool)
     inner = sub > 0
     continues[inner] = ties[sub[inner] - 1]
