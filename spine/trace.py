@@ -354,15 +354,16 @@ class Trace:
 
     def _lookup_batch(self, batch: Batch, uq: pa.Table, found: list, found_u: list,
                       dictionary: frozenset = frozenset()) -> None:
-        part_of = seek_parts(batch, uq)
-        touched = np.unique(part_of[part_of >= 0])
-        for p in touched:
-            qsel = np.flatnonzero(part_of == p)
+        part_of = seek_parts(batch, uq)    # non-decreasing: the queries are sorted
+        edges = np.searchsorted(part_of, np.arange(len(batch.parts) + 1), side="left")
+        for p in np.flatnonzero(np.diff(edges)):
+            lo, hi = int(edges[p]), int(edges[p + 1])
+            qsel = np.arange(lo, hi)
             part = batch.parts[p]
             layout = part.lookup_layout(dictionary)
             try:
                 pkeys = layout.keys
-                qk = uq.take(qsel).rename_columns(pkeys.column_names)
+                qk = uq.slice(lo, hi - lo).rename_columns(pkeys.column_names)
                 pc_, qc_ = codes([pkeys, qk], self.key_names)
                 pos = np.searchsorted(pc_, qc_)
                 pos_c = np.minimum(pos, len(pc_) - 1)
