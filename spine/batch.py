@@ -25,11 +25,28 @@ class Batch:
         self.description = description
         self.key_schema = key_schema
         self.val_schema = val_schema
-        self.pagefile = pagefile
+        self.pagefile = None
+        self._finalizer = None
+        self._on_drop = None
         if pagefile is not None:
-            # an owned page file (in the spill directory) goes with the batch; a saved
-            # trace's files belong to their directory and are only unmapped
-            self._finalizer = weakref.finalize(self, pagefile.delete if owned else pagefile.close)
+            self._set_pagefile(pagefile, owned)
+
+    def _set_pagefile(self, pagefile, owned: bool = True) -> None:
+        # an owned page file (in the spill directory) goes with the batch; a saved
+        # trace's files belong to their directory and are only unmapped
+        self.pagefile = pagefile
+        self._finalizer = weakref.finalize(self, pagefile.delete if owned else pagefile.close)
+
+    def attach(self, parts: list[Part], pagefile) -> None:
+        """Move a resident batch's parts into ``pagefile``: the same rows, part for part
+        (a reader walking the batch by part index reads either kind alike)."""
+        assert self.pagefile is None and len(parts) == len(self.parts)
+        self.parts[:] = parts
+        self._set_pagefile(pagefile)
+
+    def on_drop(self, fn) -> None:
+        """Call ``fn`` when the spine drops this batch (a resident batch's reservation)."""
+        self._on_drop = fn
 
     def __len__(self) -> int:
         return sum(p.num_updates for p in self.parts)
@@ -60,5 +77,7 @@ class Batch:
 
     def drop(self) -> None:
         """Delete the page file now (the spine calls this once nothing can read it)."""
-        if self.pagefile is not None:
+        if self._on_drop is not None:
+            self._on_drop()
+        if self._finalizer is not None:
             self._finalizer()

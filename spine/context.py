@@ -23,6 +23,7 @@ class StorageContext:
     run_bytes: int | None = None  # what sorting one run may hold (None: half the budget)
     read_fan_in: int = 8          # runs a read walks at once (more are merged down first)
     block_cache: object | None = None  # arrangedb.spine.blockcache.BlockCache; None: no cache
+    resident: object | None = None     # arrangedb.spine.resident.ResidentBatches; None: all paged
 
     @classmethod
     def for_budget(cls, budget, spill, codec: str = "auto") -> "StorageContext":
@@ -41,13 +42,20 @@ class StorageContext:
             from arrangedb.spine.blockcache import BlockCache
 
             cache = BlockCache(budget)
-        return cls(budget=budget, spill=spill, codec=codec, part_bytes=part, window_rows=window,
-                   read_fan_in=fan_in, block_cache=cache)
+        ctx = cls(budget=budget, spill=spill, codec=codec, part_bytes=part, window_rows=window,
+                  read_fan_in=fan_in, block_cache=cache)
+        if budget is not None and spill is not None:
+            from arrangedb.spine.resident import ResidentBatches
+
+            ctx.resident = ResidentBatches(ctx, budget)
+        return ctx
 
     def close(self) -> None:
-        """Drop what the context holds on the budget's behalf (the block cache)."""
+        """Drop what the context holds on the budget's behalf (block cache, spiller)."""
         if self.block_cache is not None:
             self.block_cache.close()
+        if self.resident is not None:
+            self.resident.close()
 
     def settle(self) -> None:
         """After a big step (an arrange, a merge): give back what is freed but still

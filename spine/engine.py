@@ -73,6 +73,8 @@ class Engine:
             "bytes_on_disk": self.spill.bytes_on_disk,
             "spill_dir": str(self.spill.path),
             "budget": b,
+            "resident_bytes": self.ctx.resident.bytes,
+            "resident_batches_paged_out": self.ctx.resident.paged_out,
             **(self.ctx.block_cache.stats() if self.ctx.block_cache is not None else {}),
         }
 

@@ -53,6 +53,9 @@ def save_trace(trace, path) -> None:
     os.makedirs(path, exist_ok=True)
     if os.path.exists(os.path.join(path, MANIFEST)):
         raise FileExistsError(f"{path!r} already holds a saved trace")
+    if trace.ctx.resident is not None:     # a saved trace is page files and a manifest
+        for batch in trace.spine.batches():
+            trace.ctx.resident.page_out(batch)
     batches = []
     for i, batch in enumerate(trace.spine.batches()):
         if batch.pagefile is None:

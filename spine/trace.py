@@ -29,7 +29,7 @@ from arrangedb.spine.builder import Builder
 from arrangedb.spine.context import StorageContext
 from arrangedb.spine.cursor import blocks
 from arrangedb.spine.ingest import Columns, SchemaError, open_batches, to_updates
-from arrangedb.spine.kernels import accumulate, consolidate
+from arrangedb.spine.kernels import accumulate, consolidate, key_starts
 from arrangedb.spine.layout import ranges, select_keys
 from arrangedb.spine.merger import Merger
 from arrangedb.spine.order import codes, sort_order
@@ -105,7 +105,7 @@ class Trace:
         """Add updates; ``time``/``diff`` name their columns (default: those of arrange)."""
         self._check_open()
         runs = self._build(data, time if time is not None else self.columns.time,
-                           diff if diff is not None else self.columns.diff)
+                           diff if diff is not None else self.columns.diff, resident=True)
         self.spine.insert_runs(runs)
 
     def appender(self) -> "Appender":
@@ -113,10 +113,12 @@ class Trace:
         self._check_open()
         return Appender(self)
 
-    def _build(self, data, time: str | None, diff: str | None, merge: bool = True
-               ) -> list[Batch]:
+    def _build(self, data, time: str | None, diff: str | None, merge: bool = True,
+               resident: bool = False) -> list[Batch]:
         """Sorted runs within the budget, at most ``ctx.read_fan_in`` of them (merged down
-        when there are more, unless ``merge`` is False); the spine is untouched."""
+        when there are more, unless ``merge`` is False); the spine is untouched.
+        ``resident``: an input that sorts into one small run may stay in memory
+        (:mod:`arrangedb.spine.resident`)."""
         schema, stream = open_batches(data)
         Columns.resolve(schema, self.key_names, self.val_names, time, diff)  # fail early
         cols = Columns(self.key_names, self.val_names or None, time, diff)
@@ -127,11 +129,11 @@ class Trace:
         buffered: list[Updates] = []
         size = rows = 0
 
-        def seal():
+        def seal(last: bool = False):
             """Sort what is buffered into a run; its reservation passes to _seal_run."""
             nonlocal buffered, size, rows, run_bytes
             reserved, size, rows = size, 0, 0
-            runs.append(self._seal_run(buffered, reserved))
+            runs.append(self._seal_run(buffered, reserved, resident and last and not runs))
             buffered = []
             run_bytes = self._run_bytes()
 
@@ -147,7 +149,7 @@ class Trace:
                 if _sort_cost(size, rows) >= run_bytes:
                     seal()
             if buffered:
-                seal()
+                seal(last=True)
         finally:
             self.ctx.release(size)
         if merge:
@@ -167,8 +169,10 @@ class Trace:
             return 512 << 20
         return max(self.ctx.part_bytes, min(budget.limit // 2, budget.limit - budget.held))
 
-    def _seal_run(self, buffered: list[Updates], reserved: int) -> Batch:
-        """Sort and write one run; gives back the reservation of its input.
+    def _seal_run(self, buffered: list[Updates], reserved: int, resident: bool = False
+                  ) -> Batch:
+        """Sort and write one run; gives back the reservation of its input. A
+        ``resident`` run is kept in memory instead when the engine admits it.
 
         Sorting holds a few copies of the run at once (the concatenated input, codes,
         orders, the sorted copy): they are reserved too (:func:`_sort_cost`), so the
@@ -185,6 +189,11 @@ class Trace:
                 # the sort's arrays are gone; the builder reserves the sorted copy, and
                 # the input's reservation covers its encoding temporaries until done
                 self.ctx.release(temporaries)
+            store = self.ctx.resident
+            if resident and store is not None and len(run):
+                starts = key_starts(run.keys)
+                if store.admits(run.nbytes + starts.nbytes):
+                    return store.make(run, starts, self.key_schema, self.val_schema)
             builder = Builder(self.ctx, self.key_schema, self.val_schema)
             try:
                 builder.push(run)

@@ -15,7 +15,9 @@ import pyarrow as pa
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from arrangedb.pager import MemoryBudget, SpillDirectory
 from arrangedb.spine.context import StorageContext
+from arrangedb.spine.resident import ResidentBatches
 from arrangedb.spine.ingest import Columns, target_schemas
 from arrangedb.spine.trace import Trace
 
@@ -88,12 +90,19 @@ class SpineMachine(RuleBasedStateMachine):
         self.since = 0
 
     @initialize(kind=st.sampled_from(KINDS), part_bytes=st.sampled_from([256, 4096, 1 << 20]),
-                window=st.sampled_from([1, 7, 1000]), run_bytes=st.sampled_from([None, 300]))
-    def arrange(self, kind, part_bytes, window, run_bytes):
+                window=st.sampled_from([1, 7, 1000]), run_bytes=st.sampled_from([None, 300]),
+                storage=st.sampled_from(["memory", "paged"]))
+    def arrange(self, kind, part_bytes, window, run_bytes, storage):
         self.kind = kind
         self.schema, self.key_names, self.val_names = schema_for(kind)
         # small runs: one insert becomes several runs, handed to the spine as a merge
         self.ctx = StorageContext(part_bytes=part_bytes, window_rows=window, run_bytes=run_bytes)
+        if storage == "paged":
+            # page files, and small inserts kept resident until paged out (page_out rule)
+            self.budget = MemoryBudget("256MiB", sample_interval=0)
+            self.spill = SpillDirectory()
+            self.ctx.budget, self.ctx.spill = self.budget, self.spill
+            self.ctx.resident = ResidentBatches(self.ctx, self.budget)
         full = self.schema.append(pa.field("t", pa.uint64())).append(pa.field("d", pa.int64()))
         self.full_schema = full
         cols = Columns.resolve(full, self.key_names, self.val_names, "t", "d")
@@ -147,9 +156,36 @@ class SpineMachine(RuleBasedStateMachine):
     def drop_handle(self, i):
         self.handles.pop(i % len(self.handles)).close()
 
+    @precondition(lambda self: self.ctx.resident is not None)
+    @rule(wanted=st.sampled_from([1, 1 << 40]))
+    def page_out(self, wanted):
+        """Memory pressure: the budget's spiller writes resident batches to page files."""
+        before = self.ctx.resident.bytes
+        freed = self.ctx.resident.spill(wanted)
+        assert self.ctx.resident.bytes == before - freed
+        assert freed >= min(wanted, before)
+
     @rule(fuel=st.sampled_from([1, 10, 1000, 1 << 40]))
     def exert(self, fuel):
         self.trace.exert(fuel)
+
+    @invariant()
+    def resident_bytes_are_reserved(self):
+        store = self.trace.ctx.resident if self.trace is not None else None
+        if store is not None:
+            live = [b for b in self.trace.spine.batches() if b.pagefile is None]
+            assert store.bytes == sum(b.stored_bytes for b in live)
+            assert self.budget.held >= store.bytes
+            if not self.trace.stats()["merges_in_progress"]:   # they hold parts between calls
+                assert self.budget.held == store.bytes
+
+    def teardown(self):
+        if self.trace is not None:
+            self.trace.close()
+            if self.ctx.resident is not None:
+                self.ctx.close()
+                self.spill.close()
+                self.budget.close()
 
     @invariant()
     def frontier_is_meet_of_handles(self):

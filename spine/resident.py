@@ -1,0 +1,148 @@
+"""Resident batches: a small insert stays in memory as its sorted updates, not as pages.
+
+Design
+------
+An incremental insert (say a 1% delta) is read back at once -- its changes are what the
+next incremental join or reduce consumes -- and is merged into a larger batch by the
+spine soon after. Paging it out costs a layout, an encoding and a write now, and a
+decode and an expansion at every read; for a small batch that is most of the insert's
+cost. So, as an LSM tree's memtable, a batch that ``Trace.insert`` seals as one run of at
+most ``limit / 16`` bytes is kept as one :class:`ResidentPart` holding the consolidated
+updates and their key starts, exactly what a read of a paged part produces.
+
+Resident bytes are reserved from the budget, together at most an eighth of it. They
+are not a cache that can be dropped: under pressure the budget's spiller writes the
+oldest resident batches into page files (``page_out``), one paged part per resident
+part, so a reader that walks a batch by part index sees the same rows either way.
+When the spine merges a resident batch away, its reservation goes with it.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from arrangedb.spine.batch import Batch
+from arrangedb.spine.description import Description
+from arrangedb.spine.layout import to_layout
+from arrangedb.spine.part import Part, boundary_key, payload_bytes, with_dictionaries
+from arrangedb.spine.updates import Updates
+
+BATCH_SHARE = 16    # one resident batch: at most limit / 16 bytes
+TOTAL_SHARE = 8     # all of them together: at most limit / 8
+
+
+@dataclass
+class ResidentPart(Part):
+    """A part held as sorted, consolidated updates and the row where each key starts."""
+
+    updates: Updates = field(default=None, repr=False)
+    starts: np.ndarray = field(default=None, repr=False)
+
+    def read(self, dictionary: frozenset = frozenset()):
+        upd = self.updates
+        if dictionary and upd.vals is not None:
+            upd = replace(upd, vals=with_dictionaries(upd.vals, dictionary))
+        return upd, self.starts
+
+    def layout(self):
+        return to_layout(self.updates)
+
+
+def resident_part(run: Updates, starts: np.ndarray) -> ResidentPart:
+    keys = run.keys
+    return ResidentPart(num_updates=len(run), num_keys=len(starts) - 1,
+                        first_key=boundary_key(keys, 0),
+                        last_key=boundary_key(keys, keys.num_rows - 1),
+                        payload=payload_bytes(keys) + payload_bytes(run.vals),
+                        stored=run.nbytes + starts.nbytes, updates=run, starts=starts)
+
+
+class ResidentBatches:
+    """The engine's resident batches: admission, reservations and paging out."""
+
+    def __init__(self, ctx, budget):
+        self.ctx = ctx
+        self.budget = budget
+        self.batch_cap = budget.limit // BATCH_SHARE
+        self.total_cap = budget.limit // TOTAL_SHARE
+        self.bytes = 0
+        self.paged_out = 0
+        self._held: dict[int, tuple[weakref.ref, int]] = {}   # id(batch) -> (ref, bytes)
+        self._lock = threading.RLock()
+        self._token = budget.add_spiller(self.spill, priority=1)
+
+    def admits(self, nbytes: int) -> bool:
+        """Whether a run of ``nbytes`` may stay resident: small, within the resident
+        share, and leaving the rest of the budget as free as it is."""
+        b = self.budget
+        return (0 < nbytes <= self.batch_cap and self.bytes + nbytes <= self.total_cap
+                and b.held + nbytes <= b.limit // 2)
+
+    def make(self, run: Updates, starts: np.ndarray, key_schema, val_schema) -> Batch:
+        """A batch of one resident part; the caller has checked :meth:`admits`."""
+        from arrangedb.spine.updates import extent
+
+        part = resident_part(run, starts)
+        lo, hi = extent(run.times)
+        batch = Batch([part], Description(lo, hi + 1, 0), key_schema, val_schema)
+        nbytes = part.stored
+        self.budget.reserve(nbytes, "resident batches")
+        with self._lock:
+            self.bytes += nbytes
+            self._held[id(batch)] = (weakref.ref(batch), nbytes)
+        batch.on_drop(lambda key=id(batch): self._forget(key))
+        weakref.finalize(batch, self._forget, id(batch))
+        return batch
+
+    def _forget(self, key: int) -> int:
+        with self._lock:
+            entry = self._held.pop(key, None)
+            if entry is None:
+                return 0
+            self.bytes -= entry[1]
+        self.budget.release(entry[1], "resident batches")
+        return entry[1]
+
+    def page_out(self, batch: Batch) -> int:
+        """Write a resident batch's parts into a page file; returns the bytes released."""
+        from arrangedb.spine.storage import write_part
+
+        with self._lock:
+            if id(batch) not in self._held:
+                return 0
+        writer = self.ctx.new_writer("resident")
+        try:
+            parts = [write_part(writer, i, p.layout(), self.ctx.codec,
+                                (batch.key_schema, batch.val_schema))
+                     for i, p in enumerate(batch.parts)]
+            pagefile = writer.finish(budget=self.budget)
+        except BaseException:
+            writer.abort()
+            raise
+        for p in parts:
+            p.pagefile = pagefile
+            p.cache = self.ctx.block_cache
+        batch.attach(parts, pagefile)
+        self.paged_out += 1
+        return self._forget(id(batch))
+
+    def _batches(self) -> list[Batch]:
+        """Live resident batches, oldest first."""
+        with self._lock:
+            refs = [ref for ref, _ in self._held.values()]
+        return [b for b in (r() for r in refs) if b is not None]
+
+    def spill(self, wanted: int) -> int:
+        freed = 0
+        for batch in self._batches():
+            if freed >= wanted:
+                break
+            freed += self.page_out(batch)
+        return freed
+
+    def close(self) -> None:
+        self.budget.remove_spiller(self._token)
