@@ -374,12 +374,10 @@ class Trace:
                 pkeys = layout.keys
                 qk = uq.slice(lo, hi - lo).rename_columns(pkeys.column_names)
                 pc_, qc_ = codes([pkeys, qk], self.key_names)
-                pos = np.searchsorted(pc_, qc_)
-                pos_c = np.minimum(pos, len(pc_) - 1)
-                hit = (pos < len(pc_)) & (pc_[pos_c] == qc_)
+                pos, hit = _positions(pc_, qc_)
                 if not hit.any():
                     continue
-                upd, owner = select_keys(layout, pos[hit])
+                upd, owner = select_keys(layout, pos)
                 found.append(upd)
                 found_u.append(qsel[hit][owner])
             finally:
@@ -534,6 +532,26 @@ def _key_table(keys, key_schema: pa.Schema) -> pa.Table:
                                   f"the trace's is {f.type}") from e
         cols.append(col)
     return pa.Table.from_arrays(cols, schema=key_schema)
+
+
+def _positions(sorted_codes: np.ndarray, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where the queries' codes are among a part's distinct, sorted key codes: the
+    positions of those found, and which were found.
+
+    Consecutive integer codes (dense ids, the common surrogate key) need no search: a
+    key's position is its distance from the first (5x faster than a binary search of
+    380k queries in 4M keys)."""
+    n = len(sorted_codes)
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(len(queries), dtype=bool)
+    if sorted_codes.ndim == 1 and sorted_codes.dtype.kind in "iu":
+        lo, hi = sorted_codes[0], sorted_codes[-1]
+        if int(hi) - int(lo) == n - 1:
+            hit = (queries >= lo) & (queries <= hi)
+            return (queries[hit] - lo).astype(np.int64), hit
+    pos = np.searchsorted(sorted_codes, queries)
+    hit = (pos < n) & (sorted_codes[np.minimum(pos, n - 1)] == queries)
+    return pos[hit], hit
 
 
 def _record_batch(schema: pa.Schema, keys: pa.Table, vals: pa.Table | None,

@@ -587,3 +587,25 @@ def test_saving_a_trace_pages_out_its_resident_batches(tmp_path):
         loaded = e.load(tmp_path / "saved")
         assert _accumulated(loaded.snapshot().read_all()) == want
         assert _accumulated(loaded.changes(1, 2).read_all()) == _accumulated(delta)
+
+
+@given(st.lists(st.integers(-2**63, 2**63 - 1), unique=True, max_size=50),
+       st.lists(st.integers(-2**63, 2**63 - 1), max_size=30),
+       st.integers(-3, 3), st.sampled_from([np.int64, np.uint64]))
+def test_key_positions_match_a_search(keys, queries, dense_from, dtype):
+    """Lookups find keys by offset when a part's codes are consecutive (dense ids), by
+    binary search otherwise: both give what a search gives."""
+    from arrangedb.spine.trace import _positions
+
+    if dense_from:      # consecutive keys, queries around and inside them
+        keys = list(range(dense_from * 10, dense_from * 10 + len(keys)))
+        queries = [q % (len(keys) + 6) + dense_from * 10 - 3 for q in queries]
+    if dtype is np.uint64:
+        keys = [k % 2**64 for k in keys]
+        queries = [q % 2**64 for q in queries]
+    codes = np.array(sorted(set(keys)), dtype=dtype)
+    q = np.array(sorted(queries), dtype=dtype)
+    pos, hit = _positions(codes, q)
+    want = {i: j for i, x in enumerate(q) for j, k in enumerate(codes) if k == x}
+    assert list(np.flatnonzero(hit)) == sorted(want)
+    assert list(pos) == [want[i] for i in sorted(want)]
