@@ -213,16 +213,31 @@ def select_keys(part: PartLayout, key_index: np.ndarray) -> tuple[Updates, np.nd
     a large part pays for those keys, not for the part. Returns the updates and, per
     update, the position in ``key_index`` it belongs to.
     """
-    kb = part.key_bounds.astype(np.int64)
     if part.vals is None:
-        leaves, k_lens = key_index, np.ones(len(key_index), dtype=np.int64)
+        leaves, k_lens = key_index, None
     else:
-        k_lens = kb[key_index + 1] - kb[key_index]
-        leaves = ranges(kb[key_index], k_lens)       # val slots of the selected keys
-    bounds = (part.val_bounds if part.vals is not None else part.key_bounds).astype(np.int64)
-    stored = bounds[leaves + 1] - bounds[leaves]
+        kb = part.key_bounds          # indexed before widening: no copy of the whole part's
+        k_first = kb[key_index].astype(np.int64)
+        k_lens = kb[key_index + 1].astype(np.int64) - k_first
+        if (k_lens == 1).all():       # one val per key (a dimension table)
+            leaves, k_lens = k_first, None
+        else:
+            leaves = ranges(k_first, k_lens)         # val slots of the selected keys
+    if len(part.times) == 1:
+        # one stored (time, diff) for the whole part: every leaf is one update of it
+        n = len(leaves)
+        owner = np.arange(n) if k_lens is None else np.repeat(np.arange(len(key_index)), k_lens)
+        keys = part.keys.take(key_index if k_lens is None else key_index[owner])
+        vals = part.vals.take(leaves) if part.vals is not None else None
+        return Updates(keys, vals, constant(part.times[0], n, np.uint64),
+                       constant(part.diffs[0], n, np.int64)), owner
+    if k_lens is None:
+        k_lens = np.ones(len(key_index), dtype=np.int64)
+    bounds = part.val_bounds if part.vals is not None else part.key_bounds
+    stored = bounds[leaves + 1].astype(np.int64) - bounds[leaves].astype(np.int64)
     counts = np.where(stored == 0, 1, stored)
-    starts = np.where(stored == 0, bounds[leaves] - 1, bounds[leaves])
+    first = bounds[leaves].astype(np.int64)
+    starts = np.where(stored == 0, first - 1, first)
     upd_idx = ranges(starts, counts)
     leaf_owner = np.repeat(np.arange(len(key_index)), k_lens)
     owner = np.repeat(leaf_owner, counts)

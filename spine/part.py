@@ -184,12 +184,17 @@ class PagedPart(Part):
         return self._assemble(cols)
 
     def lookup_layout(self, dictionary: frozenset = frozenset()) -> PartLayout:
-        cols = self._decode(("keys", "key_bounds", "val_bounds"), self.cache)
+        # one stored (time, diff): decoded (one element each), and the leaf bounds, which
+        # then say nothing, are not
+        singleton = _stored_length(self.columns["times"][0]) == 1
+        cols = self._decode(("keys", "key_bounds") + (
+            ("times", "diffs") if singleton else ("val_bounds",)), self.cache)
         key_schema, val_schema = self.schemas
         if self.columns.get("vals") is not None:
             cols["vals"] = _RowsTable(self, self.columns["vals"], val_schema, dictionary)
-        for name in ("times", "diffs"):
-            cols[name] = _Rows(self, self.columns[name][0])
+        if not singleton:
+            for name in ("times", "diffs"):
+                cols[name] = _Rows(self, self.columns[name][0])
         return self._assemble(cols, tables=False)
 
     def _decode(self, names, cache, dictionary: frozenset = frozenset()) -> dict:
@@ -232,11 +237,23 @@ def _table(columns: list | None, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
+def _stored_length(group: dict) -> int | None:
+    """Elements of an encoded column, from its directory entry (zstd wraps plain)."""
+    meta = group.get("meta") or {}
+    return meta.get("length", (meta.get("plain") or {}).get("length"))
+
+
 class _Rows:
     """A numpy column of a paged part, decoded only at the rows indexed."""
 
     def __init__(self, part: PagedPart, group: dict):
         self.part, self.group = part, group
+
+    def __len__(self) -> int:
+        n = _stored_length(self.group)
+        if n is None:
+            raise TypeError("the column's directory entry records no length")
+        return n
 
     def __getitem__(self, rows) -> np.ndarray:
         from arrangedb.spine.storage import take_column
