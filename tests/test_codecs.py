@@ -683,3 +683,22 @@ def test_decimal_refuses_digits_it_could_not_read_back_and_ignores_what_lies_und
         warnings.simplefilter("error")
         enc, _, out = roundtrip(arr, "decimal")
     assert enc.codec == "decimal" and out.to_pylist() == [1.25, None, 2.5]
+
+
+@SETTINGS
+@given(base=st.sampled_from([0, 7, -10**6, 2**31, -(2**53) + 1, 2**53 - 70_000, 2**53 - 300]),
+       spread=st.sampled_from([1, 200, 60_000, 4 * 10**9]), digits=st.integers(0, 3),
+       n=st.integers(1, 400), seed=st.integers(0, 2**32 - 1), data=st.data())
+def test_decimal_decodes_narrow_frames_exactly_near_the_float_limit(base, spread, digits, n,
+                                                                    seed, data):
+    """Decimal floats decode from 1/2/4-byte frame residuals straight to float64 when
+    every scaled integer stays below 2**53, through int64 otherwise: both bit-exact, for
+    whole columns and ranges."""
+    ints = base + np.random.default_rng(seed).integers(0, spread, n)
+    ints = ints[np.abs(ints) < 2**53]
+    x = ints / np.float64(10.0 ** digits)
+    enc, meta, _ = roundtrip(x, "decimal")
+    lo = data.draw(st.integers(0, len(x)))
+    hi = data.draw(st.integers(lo, len(x)))
+    got = decode_range(enc.codec, enc.version, meta, as_stored(enc.buffers, "numpy"), lo, hi)
+    assert got.view(np.int64).tolist() == x[lo:hi].view(np.int64).tolist()
