@@ -164,7 +164,8 @@ def _bincount_groups(chunk: pa.Table, by: list[str], cols: dict) -> pa.Table | N
     sums = {p: np.zeros(k + 1) for p, c in cols.items() if c is not None}
     lo = 0
     for part in column.chunks:   # chunk by chunk: the codes are never concatenated
-        codes = part.indices.fill_null(0).to_numpy(zero_copy_only=False)
+        codes = (part.indices.fill_null(0) if part.null_count else part.indices).to_numpy(
+            zero_copy_only=False)
         # bincount takes only what casts safely to intp (not uint64); null keys go to
         # slot k, which a narrow index type cannot hold
         codes = codes.astype(np.intp, copy=bool(part.null_count))
