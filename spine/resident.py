@@ -6,11 +6,13 @@ An incremental insert (say a 1% delta) is read back at once -- its changes are w
 next incremental join or reduce consumes -- and is merged into a larger batch by the
 spine soon after. Paging it out costs a layout, an encoding and a write now, and a
 decode and an expansion at every read; for a small batch that is most of the insert's
-cost. So, as an LSM tree's memtable, a batch that ``Trace.insert`` seals as one run of at
-most ``limit / 16`` bytes is kept as one :class:`ResidentPart` holding the consolidated
-updates and their key starts, exactly what a read of a paged part produces.
+cost. So, as an LSM tree's memtable, a run that ``Trace.insert`` sorts, of at most
+``limit / 8`` bytes, is kept as one :class:`ResidentPart` holding the consolidated
+updates and their key starts, exactly what a read of a paged part produces. (A large
+insert sorts into several runs: each may stay while the share allows, and the spine
+soon merges them into page files.)
 
-Resident bytes are reserved from the budget, together at most an eighth of it. They
+Resident bytes are reserved from the budget, together at most a quarter of it. They
 are not a cache that can be dropped: under pressure the budget's spiller writes the
 oldest resident batches into page files (``page_out``), one paged part per resident
 part, so a reader that walks a batch by part index sees the same rows either way.
@@ -31,8 +33,8 @@ from arrangedb.spine.layout import to_layout
 from arrangedb.spine.part import Part, boundary_key, payload_bytes, with_dictionaries
 from arrangedb.spine.updates import Updates
 
-BATCH_SHARE = 16    # one resident batch: at most limit / 16 bytes
-TOTAL_SHARE = 8     # all of them together: at most limit / 8
+BATCH_SHARE = 8     # one resident batch: at most limit / 8 bytes
+TOTAL_SHARE = 4     # all of them together: at most limit / 4
 
 
 @dataclass
@@ -77,10 +79,12 @@ class ResidentBatches:
 
     def admits(self, nbytes: int) -> bool:
         """Whether a run of ``nbytes`` may stay resident: small, within the resident
-        share, and leaving the rest of the budget as free as it is."""
+        share, leaving at least half the budget free, and fitting beside what RSS
+        already shows (else reserving it would only page out an older one)."""
         b = self.budget
         return (0 < nbytes <= self.batch_cap and self.bytes + nbytes <= self.total_cap
-                and b.held + nbytes <= b.limit // 2)
+                and b.held + nbytes <= b.limit // 2
+                and b.rss(fast=True) - b.baseline_rss + nbytes <= b.limit)
 
     def make(self, run: Updates, starts: np.ndarray, key_schema, val_schema) -> Batch:
         """A batch of one resident part; the caller has checked :meth:`admits`."""

@@ -117,7 +117,7 @@ class Trace:
                resident: bool = False) -> list[Batch]:
         """Sorted runs within the budget, at most ``ctx.read_fan_in`` of them (merged down
         when there are more, unless ``merge`` is False); the spine is untouched.
-        ``resident``: an input that sorts into one small run may stay in memory
+        ``resident``: runs may stay in memory while the engine admits them
         (:mod:`arrangedb.spine.resident`)."""
         schema, stream = open_batches(data)
         Columns.resolve(schema, self.key_names, self.val_names, time, diff)  # fail early
@@ -129,11 +129,11 @@ class Trace:
         buffered: list[Updates] = []
         size = rows = 0
 
-        def seal(last: bool = False):
+        def seal():
             """Sort what is buffered into a run; its reservation passes to _seal_run."""
             nonlocal buffered, size, rows, run_bytes
             reserved, size, rows = size, 0, 0
-            runs.append(self._seal_run(buffered, reserved, resident and last and not runs))
+            runs.append(self._seal_run(buffered, reserved, resident))
             buffered = []
             run_bytes = self._run_bytes()
 
@@ -149,7 +149,7 @@ class Trace:
                 if _sort_cost(size, rows) >= run_bytes:
                     seal()
             if buffered:
-                seal(last=True)
+                seal()
         finally:
             self.ctx.release(size)
         if merge:

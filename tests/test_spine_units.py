@@ -551,19 +551,21 @@ def test_a_small_insert_stays_resident_until_pressure_pages_it_out(tmp_path):
         assert _accumulated(tr.snapshot().read_all()) == want_snapshot
 
 
-def test_large_inserts_and_arranges_are_paged_and_merges_release_resident_bytes(tmp_path):
+def test_resident_runs_stay_within_their_share_and_merges_release_them(tmp_path):
     from arrangedb import Engine
 
     rng = np.random.default_rng(6)
-    with Engine(spill_dir=tmp_path, memory_budget="16MiB") as e:
+    with Engine(spill_dir=tmp_path, memory_budget="64MiB") as e:
         tr = e.arrange(_delta(rng, 1000, 100, t=0), key=["k"], vals=["v"], time="time",
                        diff="diff")
         assert e.stats()["resident_bytes"] == 0          # arrange: always page files
-        tr.insert(_delta(rng, 200_000, 1 << 30))         # ~4.8 MB > 16 MiB / 16
-        assert e.stats()["resident_bytes"] == 0
+        big = _delta(rng, 2_000_000, 1 << 30)            # 48 MB: runs beyond the share
+        tr.insert(big)
+        assert e.stats()["resident_bytes"] <= e.budget.limit // 4
+        assert tr.stats()["bytes_on_disk"] > 0
         for t in (2, 3, 4):
             tr.insert(_delta(rng, 1000, 100, t=t))
-        assert e.stats()["resident_bytes"] > 0
+        assert _accumulated(tr.changes(1, 2).read_all()) == _accumulated(big)
         tr.merge_all()
         assert e.stats()["resident_bytes"] == 0 and e.budget.held == 0
         assert tr.stats()["bytes_in_memory"] == 0
