@@ -117,6 +117,7 @@ class Part:
     last_key: pa.Table
     payload: int
     stored: int
+    decodes = True   # reading makes new arrays (a reader reserves them); not for resident
 
     def layout(self) -> PartLayout:
         raise NotImplementedError

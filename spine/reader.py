@@ -65,8 +65,9 @@ class BatchReader:
             return False
         i, self._next = self._next, self._next + 1
         upd, starts = parts[i].read(self.dictionary)
-        self.ctx.reserve(upd.nbytes, "decoded part")
-        self._held.append((upd, starts, i, upd.nbytes))
+        nbytes = upd.nbytes if parts[i].decodes else 0   # a resident part is reserved already
+        self.ctx.reserve(nbytes, "decoded part")
+        self._held.append((upd, starts, i, nbytes))
         return True
 
     def _drop_oldest(self) -> None:

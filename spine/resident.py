@@ -7,7 +7,7 @@ next incremental join or reduce consumes -- and is merged into a larger batch by
 spine soon after. Paging it out costs a layout, an encoding and a write now, and a
 decode and an expansion at every read; for a small batch that is most of the insert's
 cost. So, as an LSM tree's memtable, a run that ``Trace.insert`` sorts, of at most
-``limit / 8`` bytes, is kept as one :class:`ResidentPart` holding the consolidated
+``limit / 16`` bytes, is kept as one :class:`ResidentPart` holding the consolidated
 updates and their key starts, exactly what a read of a paged part produces. (A large
 insert sorts into several runs: each may stay while the share allows, and the spine
 soon merges them into page files.)
@@ -26,15 +26,16 @@ import weakref
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+import pyarrow as pa
 
 from arrangedb.spine.batch import Batch
 from arrangedb.spine.description import Description
-from arrangedb.spine.layout import to_layout
+from arrangedb.spine.layout import PartLayout, to_layout
 from arrangedb.spine.part import Part, boundary_key, payload_bytes, with_dictionaries
 from arrangedb.spine.updates import Updates
 
-BATCH_SHARE = 8     # one resident batch: at most limit / 8 bytes
-TOTAL_SHARE = 4     # all of them together: at most limit / 4
+BATCH_SHARE = 16    # one resident batch: at most limit / 16 bytes (paging it out holds
+TOTAL_SHARE = 4     # about twice that, unreserved); all of them: at most limit / 4
 
 
 @dataclass
@@ -43,6 +44,7 @@ class ResidentPart(Part):
 
     updates: Updates = field(default=None, repr=False)
     starts: np.ndarray = field(default=None, repr=False)
+    decodes = False   # a reader holds nothing beyond what the part already holds
 
     def read(self, dictionary: frozenset = frozenset()):
         upd = self.updates
@@ -53,13 +55,35 @@ class ResidentPart(Part):
     def layout(self):
         return to_layout(self.updates)
 
+    def lookup_layout(self, dictionary: frozenset = frozenset()) -> PartLayout:
+        """The updates as a layout without compacting them: each row its own leaf (a
+        val repeated at several times is then several leaves, which a lookup sums
+        alike). Costs a take of the distinct keys, not ``to_layout``'s sort-aware pass."""
+        upd, starts = self.read(dictionary)
+        keys = upd.keys.take(starts[:-1])
+        if upd.vals is None:
+            return PartLayout(keys, starts, None, None, upd.times, upd.diffs)
+        rows = np.arange(len(upd) + 1, dtype=np.int64)
+        return PartLayout(keys, starts, upd.vals, rows, upd.times, upd.diffs)
+
+
+def _owned(table: pa.Table | None) -> pa.Table | None:
+    """A copy of ``table`` in buffers of its own: a run may share the caller's buffers
+    (an input already sorted comes through consolidate as it is; a slice pins all of
+    its parent), which a batch kept in memory must neither see change nor keep alive."""
+    if table is None:
+        return None
+    return table.take(pa.array(np.arange(table.num_rows, dtype=np.int64)))
+
 
 def resident_part(run: Updates, starts: np.ndarray) -> ResidentPart:
+    run = replace(run, keys=_owned(run.keys), vals=_owned(run.vals))
     keys = run.keys
+    distinct = keys.take(starts[:-1])      # payload as a paged part counts it: per key
     return ResidentPart(num_updates=len(run), num_keys=len(starts) - 1,
                         first_key=boundary_key(keys, 0),
                         last_key=boundary_key(keys, keys.num_rows - 1),
-                        payload=payload_bytes(keys) + payload_bytes(run.vals),
+                        payload=payload_bytes(distinct) + payload_bytes(run.vals),
                         stored=run.nbytes + starts.nbytes, updates=run, starts=starts)
 
 
@@ -73,6 +97,7 @@ class ResidentBatches:
         self.total_cap = budget.limit // TOTAL_SHARE
         self.bytes = 0
         self.paged_out = 0
+        self.spill_error: OSError | None = None   # the last page-out that failed
         self._held: dict[int, tuple[weakref.ref, int]] = {}   # id(batch) -> (ref, bytes)
         self._lock = threading.RLock()
         self._token = budget.add_spiller(self.spill, priority=1)
@@ -141,11 +166,21 @@ class ResidentBatches:
         return [b for b in (r() for r in refs) if b is not None]
 
     def spill(self, wanted: int) -> int:
+        """Page out the oldest resident batches until ``wanted`` bytes are released.
+
+        Runs inside some other ``reserve``: a write that fails here (a full or vanished
+        spill directory) must not fail that caller with an unrelated error. It stops
+        paging; the error is kept in ``spill_error`` and the caller's reservation fails
+        (BudgetExceeded) only if it still does not fit."""
         freed = 0
         for batch in self._batches():
             if freed >= wanted:
                 break
-            freed += self.page_out(batch)
+            try:
+                freed += self.page_out(batch)
+            except OSError as e:   # SpillError, PageFileError and ENOSPC are OSErrors
+                self.spill_error = e
+                break
         return freed
 
     def close(self) -> None:

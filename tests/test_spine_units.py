@@ -540,12 +540,14 @@ def test_a_small_insert_stays_resident_until_pressure_pages_it_out(tmp_path):
         want_changes = _accumulated(delta)
         want_snapshot = _accumulated(pa.concat_tables([base, delta]))
         assert _accumulated(tr.changes(1, 2).read_all()) == want_changes
+        payload = tr.stats()["payload_bytes"]
         ask = e.budget.limit - s["resident_bytes"] // 2    # more than is free: spillers run
         e.budget.reserve(ask, "pressure")
         e.budget.release(ask)
         s = e.stats()
         assert s["resident_bytes"] == 0 and s["resident_batches_paged_out"] == 1
         assert tr.stats()["bytes_in_memory"] == 0 and e.budget.held == 0
+        assert tr.stats()["payload_bytes"] == payload      # counted alike in either form
         assert [f for f in os.listdir(e.spill.path) if f.startswith("resident")]
         assert _accumulated(tr.changes(1, 2).read_all()) == want_changes
         assert _accumulated(tr.snapshot().read_all()) == want_snapshot
@@ -611,3 +613,53 @@ def test_key_positions_match_a_search(keys, queries, dense_from, dtype):
     want = {i: j for i, x in enumerate(q) for j, k in enumerate(codes) if k == x}
     assert list(np.flatnonzero(hit)) == sorted(want)
     assert list(pos) == [want[i] for i in sorted(want)]
+
+
+def test_a_resident_batch_owns_its_buffers(tmp_path):
+    """An input already sorted comes through consolidation as it is, and a slice pins
+    its parent: a batch kept in memory copies both, so the caller may reuse its arrays
+    and the parent's memory goes with the parent."""
+    from arrangedb import Engine
+
+    k = np.arange(1000, dtype=np.int64)
+    v = np.arange(1000, dtype=np.int64) * 3
+    with Engine(spill_dir=tmp_path, memory_budget="32MiB") as e:
+        tr = e.arrange(pa.table({"k": k[:1], "v": v[:1]}), key=["k"], vals=["v"])
+        tr.insert(pa.table({"k": k, "v": v}))             # zero-copy views, sorted
+        assert e.stats()["resident_bytes"] > 0
+        want = tr.snapshot().read_all()
+        k[:] = 5
+        v[:] = 999
+        assert tr.snapshot().read_all().equals(want)
+        before = pa.total_allocated_bytes()
+        parent = pa.table({"k": pa.array(np.arange(4_000_000, dtype=np.int64)),
+                           "v": pa.array(np.zeros(4_000_000, np.int64))})
+        tr.insert(parent.slice(2_000_000, 1000))
+        del parent
+        assert pa.total_allocated_bytes() - before < 1 << 20
+
+
+def test_a_failed_page_out_fails_only_the_reservation_that_needed_it(tmp_path, monkeypatch):
+    """Paging out runs inside another caller's reserve: a full spill directory there
+    surfaces as that reservation not fitting, not as an I/O error, and the resident
+    batch stays whole and readable."""
+    from arrangedb import Engine
+    from arrangedb.pager import BudgetExceeded, SpillError
+
+    rng = np.random.default_rng(9)
+    delta = _delta(rng, 20_000, 5_000, t=1)
+    with Engine(spill_dir=tmp_path, memory_budget="32MiB") as e:
+        tr = e.arrange(_delta(rng, 1000, 5_000, t=0), key=["k"], vals=["v"], time="time",
+                       diff="diff")
+        tr.insert(delta)
+        held = e.stats()["resident_bytes"]
+        assert held > 0
+
+        def full(*a, **k):
+            raise SpillError(28, "No space left on device")
+        monkeypatch.setattr(e.ctx, "new_writer", full)
+        with pytest.raises(BudgetExceeded):
+            e.budget.reserve(e.budget.limit, "too much")
+        assert isinstance(e.ctx.resident.spill_error, SpillError)
+        assert e.stats()["resident_bytes"] == held == e.budget.held
+        assert _accumulated(tr.changes(1, 2).read_all()) == _accumulated(delta)
