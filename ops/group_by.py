@@ -346,8 +346,7 @@ def _run(partials: _Partials, batches, engine, memory_budget, spill_dir, batch_r
                 # operator freed; handed back only once RSS nears the budget, because
                 # the next chunks fault those pages in again (trimming every 64 MiB of
                 # input cost a third of a 40M-row join)
-                if budget.rss(fast=True) - budget.baseline_rss > budget.limit // 2:
-                    release_freed_memory()
+                budget.trim_if_high()
             part = first(chunk)
             held.append(part)
             held_bytes += part.nbytes
@@ -386,7 +385,8 @@ def _run(partials: _Partials, batches, engine, memory_budget, spill_dir, batch_r
     finally:
         if engine is not None and reserved:
             engine.budget.release(reserved, "group_by partials")
-        release_freed_memory()
+        if engine is not None:
+            engine.budget.trim_if_high()
         if own_engine is not None:
             own_engine.close()
 

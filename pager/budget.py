@@ -298,6 +298,16 @@ class MemoryBudget:
             self._last_rss = self.sample(fast=True)
         return self._last_rss
 
+    def trim_if_high(self) -> bool:
+        """Hand freed memory back to the OS (:func:`release_freed_memory`) only when RSS
+        over the baseline passes half the limit. A trim costs milliseconds, and memory
+        handed back is faulted in again by the next allocations: after every routine
+        step (a small insert, a short group_by) that is pure cost while RSS is low."""
+        if self.rss(fast=True) - self.baseline_rss <= self.limit // 2:
+            return False
+        release_freed_memory()
+        return True
+
     def relieve(self) -> int:
         """At a safe point (between steps of a loop): spill if RSS went over the limit."""
         rss = self.sample()

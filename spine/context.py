@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from arrangedb.pager.budget import release_freed_memory
 from arrangedb.pager.pagefile import ResidentSet
 
 
@@ -59,11 +58,12 @@ class StorageContext:
 
     def settle(self) -> None:
         """After a big step (an arrange, a merge): give back what is freed but still
-        resident -- the allocators' free blocks, pages mapped beside released regions --
-        so that RSS, which the budget watches, shows what is really held."""
+        resident -- pages mapped beside released regions, and the allocators' free
+        blocks once RSS is high (:meth:`MemoryBudget.trim_if_high`) -- so that RSS,
+        which the budget watches, shows what is really held."""
         if self.budget is None:
             return
-        release_freed_memory()
+        self.budget.trim_if_high()
         ResidentSet.of(self.budget).sweep()
 
     def reserve(self, nbytes: int, what: str) -> None:

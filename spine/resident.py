@@ -76,8 +76,11 @@ def _owned(table: pa.Table | None) -> pa.Table | None:
     return table.take(pa.array(np.arange(table.num_rows, dtype=np.int64)))
 
 
-def resident_part(run: Updates, starts: np.ndarray) -> ResidentPart:
-    run = replace(run, keys=_owned(run.keys), vals=_owned(run.vals))
+def resident_part(run: Updates, starts: np.ndarray, copy: bool = True) -> ResidentPart:
+    """``copy``: the run may share buffers with its input (see :func:`_owned`); False
+    when it is known to be fresh (consolidation reordered it: a take allocates)."""
+    if copy:
+        run = replace(run, keys=_owned(run.keys), vals=_owned(run.vals))
     keys = run.keys
     distinct = keys.take(starts[:-1])      # payload as a paged part counts it: per key
     return ResidentPart(num_updates=len(run), num_keys=len(starts) - 1,
@@ -111,11 +114,12 @@ class ResidentBatches:
                 and b.held + nbytes <= b.limit // 2
                 and b.rss(fast=True) - b.baseline_rss + nbytes <= b.limit)
 
-    def make(self, run: Updates, starts: np.ndarray, key_schema, val_schema) -> Batch:
+    def make(self, run: Updates, starts: np.ndarray, key_schema, val_schema,
+             copy: bool = True) -> Batch:
         """A batch of one resident part; the caller has checked :meth:`admits`."""
         from arrangedb.spine.updates import extent
 
-        part = resident_part(run, starts)
+        part = resident_part(run, starts, copy)
         lo, hi = extent(run.times)
         batch = Batch([part], Description(lo, hi + 1, 0), key_schema, val_schema)
         nbytes = part.stored

@@ -183,7 +183,11 @@ class Trace:
             temporaries = _sort_cost(reserved, rows) - reserved
             self.ctx.reserve(temporaries, "sorting a run")
             try:
-                run = consolidate(Updates.concat(buffered))
+                joined = Updates.concat(buffered)
+                run = consolidate(joined)
+                # input already in order comes back as it is: its buffers are the caller's
+                shared = run.keys is joined.keys
+                del joined
                 buffered.clear()
             finally:
                 # the sort's arrays are gone; the builder reserves the sorted copy, and
@@ -193,7 +197,8 @@ class Trace:
             if resident and store is not None and len(run):
                 starts = key_starts(run.keys)
                 if store.admits(run.nbytes + starts.nbytes):
-                    return store.make(run, starts, self.key_schema, self.val_schema)
+                    return store.make(run, starts, self.key_schema, self.val_schema,
+                                      copy=shared)
             builder = Builder(self.ctx, self.key_schema, self.val_schema)
             try:
                 builder.push(run)
