@@ -111,8 +111,15 @@ class ResidentBatches:
         already shows (else reserving it would only page out an older one)."""
         b = self.budget
         return (0 < nbytes <= self.batch_cap and self.bytes + nbytes <= self.total_cap
-                and b.held + nbytes <= b.limit // 2
-                and b.rss(fast=True) - b.baseline_rss + nbytes <= b.limit)
+                and b.held + nbytes <= b.limit // 2 and self._fits_rss(nbytes))
+
+    def _fits_rss(self, nbytes: int) -> bool:
+        """RSS leaves room for ``nbytes`` more -- after handing freed memory back if it
+        does not at first (a sort just freed its arrays, which the allocators keep)."""
+        b = self.budget
+        if b.rss(fast=True) - b.baseline_rss + nbytes <= b.limit:
+            return True
+        return b.trim_if_high() and b.rss(fast=True) - b.baseline_rss + nbytes <= b.limit
 
     def make(self, run: Updates, starts: np.ndarray, key_schema, val_schema,
              copy: bool = True) -> Batch:
