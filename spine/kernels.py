@@ -43,12 +43,13 @@ def _indices(idx: np.ndarray, n: int) -> np.ndarray | None:
     return idx
 
 
-def consolidate(upd: Updates, since: int | None = None, presorted_runs: bool = False) -> Updates:
+def consolidate(upd: Updates, since: int | None = None, presorted_runs: bool | int = False
+                ) -> Updates:
     """Sort by (key, val, time), sum diffs of equal rows, drop zero sums.
 
     With ``since``, times are first advanced to ``max(time, since)`` (logical compaction).
-    Input in any order; concatenated sorted runs are merged in linear time by the stable
-    sort when the key is a single fixed-width column.
+    Input in any order; ``presorted_runs``: the input is concatenated sorted runs (True,
+    or how many), which the sort may exploit (see ``order._sort_values``).
     """
     n = len(upd)
     if n == 0:

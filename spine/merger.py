@@ -51,7 +51,8 @@ class Merger:
                 break
             upd = step_updates(step)
             n = len(upd)
-            self._builder.push(consolidate(upd, self.since, presorted_runs=True))
+            runs = sum(1 for _, u, _ in step if len(u))   # the sort's strategy depends on it
+            self._builder.push(consolidate(upd, self.since, presorted_runs=runs))
             fuel -= n
             self.remaining -= n
         return fuel

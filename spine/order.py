@@ -381,10 +381,16 @@ def _packed_argsort(x: np.ndarray, stable_merge: bool = False, ties: bool = Fals
     return (order, equal) if ties else order
 
 
-def _sort_values(p: np.ndarray, stable_merge: bool) -> None:
-    """Sort ``p`` in place. Concatenated runs: timsort merges them. Large random input:
-    its halves sorted on two threads (numpy drops the GIL), then merged by timsort --
-    1.75x faster than one sort of 100k to 4M values here."""
+def _sort_values(p: np.ndarray, stable_merge) -> None:
+    """Sort ``p`` in place (its values are distinct: any sort gives one order).
+
+    Two concatenated runs (``stable_merge`` True, 1 or 2): timsort merges them in one
+    linear pass. More runs (``stable_merge`` their number): timsort's merges cost more
+    than the vectorized sort of unsorted input (2.4M values: 8 runs 0.024 s against
+    0.015 s, 16 runs 0.032 against 0.015), so they are sorted like random input. Large
+    random input: its halves sorted on two threads (numpy drops the GIL), then merged
+    by timsort -- 1.75x faster than one sort of 100k to 4M values here."""
+    stable_merge = stable_merge is True or 0 < int(stable_merge) <= 2
     if stable_merge or len(p) < PARALLEL_SORT_FROM or parallel.threads() < 2:
         p.sort(kind="stable" if stable_merge else None)
         return
