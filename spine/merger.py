@@ -62,6 +62,13 @@ class Merger:
             self.work(1 << 62)
         return self._result
 
+    def abort(self) -> None:
+        """Stop an unfinished merge: its readers' decoded parts, its builder's buffer and
+        half-written file go now (a trace closed mid-merge kept them reserved)."""
+        if self._result is None:
+            self._steps.close()
+            self._builder.abort()
+
     def result(self) -> Batch:
         assert self._result is not None, "merge not done"
         return self._result
