@@ -71,8 +71,9 @@ class Builder:
         if final or cuts[-1] == len(run):
             cuts.append(len(run))
         for lo, hi in zip(cuts[:-1], cuts[1:]):
-            if hi > lo:
-                self._emit(run.slice(lo, hi))
+            if hi > lo:   # the part's key starts are a slice of the run's (cuts are starts)
+                a, b = np.searchsorted(starts, [lo, hi])
+                self._emit(run.slice(lo, hi), starts[a:b] - lo)
         if cuts[-1] < len(run):  # keep the tail to fill the next part
             tail = run.slice(cuts[-1], len(run))
             self._pending, self._pending_bytes = [tail], tail.nbytes
@@ -85,8 +86,8 @@ class Builder:
         self.ctx.release(self._reserved - self._pending_bytes)
         self._reserved = self._pending_bytes
 
-    def _emit(self, run: Updates) -> None:
-        layout = to_layout(run)
+    def _emit(self, run: Updates, kstarts: np.ndarray | None = None) -> None:
+        layout = to_layout(run, kstarts)
         if self._writer is None:
             part = MemoryPart(
                 num_updates=layout.num_updates, num_keys=layout.keys.num_rows,

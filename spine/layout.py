@@ -85,10 +85,12 @@ def _expanded_counts(bounds: np.ndarray) -> np.ndarray:
     return np.where(counts == 0, 1, counts)
 
 
-def to_layout(upd: Updates) -> PartLayout:
-    """Compact a sorted, consolidated run into the seeds' layout."""
+def to_layout(upd: Updates, kstarts: np.ndarray | None = None) -> PartLayout:
+    """Compact a sorted, consolidated run into the seeds' layout. ``kstarts``: where
+    each key's rows begin, when the caller knows (a builder cutting parts at keys)."""
     n = len(upd)
-    kstarts = sorted_row_starts(upd.keys)
+    if kstarts is None:
+        kstarts = sorted_row_starts(upd.keys)
     if upd.vals is None:
         bounds, keep = _compress_singletons(kstarts, n, upd.times, upd.diffs)
         keys = upd.keys.take(kstarts) if len(kstarts) != n else upd.keys
