@@ -66,8 +66,10 @@ class Merger:
         """Stop an unfinished merge: its readers' decoded parts, its builder's buffer and
         half-written file go now (a trace closed mid-merge kept them reserved)."""
         if self._result is None:
-            self._steps.close()
-            self._builder.abort()
+            try:
+                self._steps.close()
+            finally:
+                self._builder.abort()
 
     def result(self) -> Batch:
         assert self._result is not None, "merge not done"

@@ -40,8 +40,9 @@ class BatchReader:
         self.ctx = ctx
         self.dictionary = dictionary   # val columns read as dictionary arrays
         self._next = start_part        # the next part to decode
-        # decoded parts in use, oldest first: (updates, key starts, part index, reserved)
-        self._held: list[tuple[Updates, np.ndarray, int, int]] = []
+        # decoded parts in use, oldest first: (updates, key starts, the part, reserved) --
+        # the part read, which a resident batch paged out meanwhile no longer lists
+        self._held: list[tuple[Updates, np.ndarray, object, int]] = []
         self._pos = 0                  # rows of the oldest held part already taken
         self._started = False          # nothing is decoded before the first read: a merge
                                        # waiting for fuel holds no part
@@ -64,15 +65,22 @@ class BatchReader:
         if self._next >= len(parts):
             return False
         i, self._next = self._next, self._next + 1
-        upd, starts = parts[i].read(self.dictionary)
-        nbytes = upd.nbytes if parts[i].decodes else 0   # a resident part is reserved already
-        self.ctx.reserve(nbytes, "decoded part")
-        self._held.append((upd, starts, i, nbytes))
+        part = parts[i]
+        upd, starts = part.read(self.dictionary)
+        # a resident part is reserved already, but for vals it re-coded as dictionaries
+        nbytes = (upd.nbytes if part.decodes else
+                  upd.vals.nbytes if self.dictionary and upd.vals is not None else 0)
+        try:
+            self.ctx.reserve(nbytes, "decoded part")
+        except BaseException:
+            part.release()
+            raise
+        self._held.append((upd, starts, part, nbytes))
         return True
 
     def _drop_oldest(self) -> None:
-        _, _, i, nbytes = self._held.pop(0)
-        self.batch.parts[i].release()
+        _, _, part, nbytes = self._held.pop(0)
+        part.release()
         self.ctx.release(nbytes)
         self._pos = 0
 

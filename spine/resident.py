@@ -44,13 +44,20 @@ class ResidentPart(Part):
 
     updates: Updates = field(default=None, repr=False)
     starts: np.ndarray = field(default=None, repr=False)
+    pins: int = field(default=0, repr=False)   # reads not yet released
     decodes = False   # a reader holds nothing beyond what the part already holds
 
     def read(self, dictionary: frozenset = frozenset()):
+        """The updates; pinned until ``release()``: paging out a batch a reader holds
+        would free no memory while releasing its reservation."""
+        self.pins += 1
         upd = self.updates
         if dictionary and upd.vals is not None:
             upd = replace(upd, vals=with_dictionaries(upd.vals, dictionary))
         return upd, self.starts
+
+    def release(self) -> None:
+        self.pins = max(0, self.pins - 1)
 
     def layout(self):
         return to_layout(self.updates)
@@ -59,8 +66,12 @@ class ResidentPart(Part):
         """The updates as a layout without compacting them: each row its own leaf (a
         val repeated at several times is then several leaves, which a lookup sums
         alike). Costs a take of the distinct keys, not ``to_layout``'s sort-aware pass."""
-        upd, starts = self.read(dictionary)
-        keys = upd.keys.take(starts[:-1])
+        upd, starts = self.read(dictionary)   # pinned until the lookup's release()
+        try:
+            keys = upd.keys.take(starts[:-1])
+        except BaseException:
+            self.release()
+            raise
         if upd.vals is None:
             return PartLayout(keys, starts, None, None, upd.times, upd.diffs)
         rows = np.arange(len(upd) + 1, dtype=np.int64)
@@ -154,6 +165,8 @@ class ResidentBatches:
         with self._lock:
             if id(batch) not in self._held:
                 return 0
+        if any(getattr(p, "pins", 0) for p in batch.parts):
+            return 0   # a reader holds its arrays: writing them out would free nothing
         writer = self.ctx.new_writer("resident")
         try:
             parts = [write_part(writer, i, p.layout(), self.ctx.codec,

@@ -191,9 +191,11 @@ class Spine:
         """
 
     def close(self) -> None:
-        for lvl in self.levels:
-            if lvl is not None and lvl.merging:
-                lvl.merger.abort()
-        for b in self.batches():
-            b.drop()
-        self.levels, self.pending = [], []
+        try:
+            for lvl in self.levels:
+                if lvl is not None and lvl.merging:
+                    lvl.merger.abort()
+        finally:
+            for b in self.batches():
+                b.drop()
+            self.levels, self.pending = [], []

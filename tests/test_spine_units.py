@@ -678,3 +678,29 @@ def test_closing_a_trace_mid_merge_gives_back_what_the_merge_held(tmp_path):
         t.close()
         assert e.budget.held == 0
         assert not [f for f in os.listdir(e.spill.path) if f.endswith((".pg", ".tmp"))]
+
+
+def test_a_resident_batch_a_merge_is_reading_is_not_paged_out(tmp_path):
+    """Paging out a batch whose arrays a reader holds would release its reservation and
+    free nothing: pinned batches are skipped until their readers let go."""
+    from arrangedb import Engine
+
+    rng = np.random.default_rng(1)
+
+    def tab(n, t):
+        return pa.table({"k": rng.integers(0, 1 << 40, n), "v": rng.integers(0, 100, n),
+                         "time": np.full(n, t, np.int64), "diff": np.ones(n, np.int64)})
+
+    with Engine(spill_dir=tmp_path, memory_budget="256MiB") as e:
+        tr = e.arrange(tab(30_000, 0), key=["k"], vals=["v"], time="time", diff="diff")
+        tr.insert(tab(30_000, 1))
+        resident = e.stats()["resident_bytes"]
+        assert resident > 0
+        tr.exert(2_000)                      # the merge reads the resident part
+        assert tr.stats()["merges_in_progress"] == 1
+        held = e.budget.held
+        assert e.ctx.resident.spill(1 << 40) == 0
+        assert e.stats()["resident_bytes"] == resident and e.budget.held == held
+        tr.merge_all()
+        assert e.stats()["resident_bytes"] == 0 and e.budget.held == 0
+        assert tr.snapshot().read_all()["count"].to_numpy().sum() == 60_000
