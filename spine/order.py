@@ -120,6 +120,8 @@ def _column_rank(arr: pa.Array) -> np.ndarray:
     values are sorted: cheap for the repeated values arrangements are full of.
     """
     t = arr.type
+    if pa.types.is_null(t):   # a column of nulls only (a val column may be one)
+        return np.zeros(len(arr), np.int64)
     if pa.types.is_dictionary(t) and arr.dictionary.null_count == 0 and \
             not is_absolute([t.value_type]):   # numbers rank by their total-order codes
         return _ranks_by_dictionary(arr)   # strings: only the dictionary's values are sorted
@@ -192,6 +194,8 @@ def sorted_row_starts(table: pa.Table) -> np.ndarray:
     differs = np.zeros(n, dtype=bool)
     differs[0] = True
     for col in table.columns:
+        if pa.types.is_null(col.type):
+            continue    # nulls only: every row alike
         col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
         a, b = col.slice(1), col.slice(0, n - 1)
         ne = pc.not_equal(a, b).fill_null(False).to_numpy(zero_copy_only=False)

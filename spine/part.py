@@ -41,6 +41,8 @@ def payload_bytes(table: pa.Table | None) -> int:
             total += int(sum(_value_bytes(c) for c in col.chunks))
         elif pa.types.is_boolean(t):
             total += (len(col) + 7) // 8
+        elif pa.types.is_null(t):
+            continue    # nulls only: no values
         else:
             total += len(col) * (t.bit_width // 8)
     return total

@@ -704,3 +704,21 @@ def test_a_resident_batch_a_merge_is_reading_is_not_paged_out(tmp_path):
         tr.merge_all()
         assert e.stats()["resident_bytes"] == 0 and e.budget.held == 0
         assert tr.snapshot().read_all()["count"].to_numpy().sum() == 60_000
+
+
+def test_a_val_column_of_only_nulls_is_stored_sorted_and_read_back(tmp_path):
+    """Ingest accepts a null-typed val column (an all-null column of a join's output):
+    it ranks as one value, holds no bytes, and reads back, paged or resident."""
+    from arrangedb import Engine
+
+    with Engine(spill_dir=tmp_path, memory_budget="64MiB") as e:
+        t = e.arrange(pa.table({"k": np.array([3, 1, 2, 1]), "v": pa.nulls(4)}),
+                      key=["k"], vals=["v"])
+        t.insert(pa.table({"k": np.array([1]), "v": pa.nulls(1), "time": np.array([1]),
+                           "diff": np.array([-1])}), time="time", diff="diff")
+        snap = t.snapshot().read_all()
+        assert snap["k"].to_pylist() == [1, 2, 3] and snap["count"].to_pylist() == [1, 1, 1]
+        assert snap["v"].null_count == 3
+        assert t.lookup(pa.table({"k": [1]}))["count"].to_pylist() == [1]
+        t.merge_all()
+        assert t.snapshot().read_all()["count"].to_pylist() == [1, 1, 1]
