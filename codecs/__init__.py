@@ -31,7 +31,7 @@ from arrangedb.codecs.choose import choose_codec
 CODECS = REGISTRY
 
 __all__ = ["CODECS", "CodecError", "Encoded", "choose_codec", "decode", "decode_dictionary",
-           "decode_range", "encode", "take", "take_dictionary"]
+           "decode_range", "encode", "encoded_length", "take", "take_dictionary"]
 
 _DECODE_ERRORS = (ValueError, TypeError, KeyError, IndexError, OverflowError, AttributeError,
                   struct.error, binascii.Error, pa.ArrowException, zstandard.ZstdError)
@@ -104,10 +104,15 @@ def take(codec: str, version: int, meta: dict, buffers, rows):
         return chosen.take(version, meta, list(buffers), _rows(rows, meta))
 
 
+def encoded_length(meta: dict) -> int | None:
+    """Elements of an encoding, from its metadata alone (None if it does not say)."""
+    return meta.get("length", (meta.get("plain") or {}).get("length"))   # zstd wraps plain
+
+
 def _rows(rows, meta: dict) -> np.ndarray:
     """``rows`` as int64, checked against the encoding's length."""
     rows = np.asarray(rows, np.int64)
-    n = meta.get("length", (meta.get("plain") or {}).get("length"))   # zstd wraps plain
+    n = encoded_length(meta)
     if len(rows) and (rows.min() < 0 or (n is not None and rows.max() >= n)):
         raise CodecError(f"rows out of range for {n} elements")
     return rows

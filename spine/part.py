@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pyarrow as pa
 
+from arrangedb.codecs import encoded_length
 from arrangedb.spine.layout import PartLayout, expand_singleton, from_layout
 from arrangedb.spine.updates import Updates
 
@@ -241,9 +242,8 @@ def _table(columns: list | None, schema: pa.Schema) -> pa.Table:
 
 
 def _stored_length(group: dict) -> int | None:
-    """Elements of an encoded column, from its directory entry (zstd wraps plain)."""
-    meta = group.get("meta") or {}
-    return meta.get("length", (meta.get("plain") or {}).get("length"))
+    """Elements of an encoded column, from its directory entry."""
+    return encoded_length(group.get("meta") or {})
 
 
 class _Rows:

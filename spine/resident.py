@@ -32,7 +32,7 @@ from arrangedb.spine.batch import Batch
 from arrangedb.spine.description import Description
 from arrangedb.spine.layout import PartLayout, to_layout
 from arrangedb.spine.part import Part, boundary_key, payload_bytes, with_dictionaries
-from arrangedb.spine.updates import Updates
+from arrangedb.spine.updates import Updates, extent
 
 BATCH_SHARE = 16    # one resident batch: at most limit / 16 bytes (paging it out holds
 TOTAL_SHARE = 4     # about twice that, unreserved); all of them: at most limit / 4
@@ -135,8 +135,6 @@ class ResidentBatches:
     def make(self, run: Updates, starts: np.ndarray, key_schema, val_schema,
              copy: bool = True) -> Batch:
         """A batch of one resident part; the caller has checked :meth:`admits`."""
-        from arrangedb.spine.updates import extent
-
         part = resident_part(run, starts, copy)
         lo, hi = extent(run.times)
         batch = Batch([part], Description(lo, hi + 1, 0), key_schema, val_schema)
@@ -165,7 +163,7 @@ class ResidentBatches:
         with self._lock:
             if id(batch) not in self._held:
                 return 0
-        if any(getattr(p, "pins", 0) for p in batch.parts):
+        if any(p.pins for p in batch.parts):
             return 0   # a reader holds its arrays: writing them out would free nothing
         writer = self.ctx.new_writer("resident")
         try:
