@@ -31,7 +31,7 @@ from arrangedb.codecs.choose import choose_codec
 CODECS = REGISTRY
 
 __all__ = ["CODECS", "CodecError", "Encoded", "choose_codec", "decode", "decode_dictionary",
-           "decode_range", "encode", "encoded_length", "take", "take_dictionary"]
+           "decode_range", "decodes_fresh", "encode", "encoded_length", "take", "take_dictionary"]
 
 _DECODE_ERRORS = (ValueError, TypeError, KeyError, IndexError, OverflowError, AttributeError,
                   struct.error, binascii.Error, pa.ArrowException, zstandard.ZstdError)
@@ -102,6 +102,13 @@ def take(codec: str, version: int, meta: dict, buffers, rows):
     chosen = lookup(codec, version)
     with _reading(codec, version, meta):
         return chosen.take(version, meta, list(buffers), _rows(rows, meta))
+
+
+def decodes_fresh(codec: str, meta: dict) -> bool:
+    """Whether decoding this encoding returns only new arrays, never views of its buffers
+    (False for an unknown codec: its decode will say what is wrong)."""
+    found = REGISTRY.get(codec) if isinstance(codec, str) else None
+    return found is not None and isinstance(meta, dict) and found.decodes_fresh(meta)
 
 
 def encoded_length(meta: dict) -> int | None:

@@ -52,6 +52,11 @@ class Codec:
     def decode(self, version, meta, buffers):  # pragma: no cover - interface
         raise NotImplementedError
 
+    def decodes_fresh(self, meta) -> bool:
+        """Whether a decode of this encoding only ever returns new arrays, never views
+        of the buffers it reads (a reader of mapped pages need not copy them first)."""
+        return False
+
     def decode_range(self, version, meta, buffers, start, stop):
         """Elements [start, stop): by default a full decode and a slice."""
         return slice_values(self.decode(version, meta, buffers), start, stop)

@@ -21,8 +21,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.codecs import (CodecError, choose_codec, decode, decode_dictionary, encode, take,
-                              take_dictionary, zstd_blocks)
+from arrangedb.codecs import (CodecError, choose_codec, decode, decode_dictionary, decodes_fresh,
+                              encode, take, take_dictionary, zstd_blocks)
 from arrangedb.codecs.base import lookup
 from arrangedb.spine.layout import PartLayout
 from arrangedb.spine.part import PagedPart, boundary_key, payload_bytes
@@ -101,7 +101,8 @@ def decode_column(pagefile, group: dict, cache=None, dictionary: bool = False):
     mapping itself, every consumer of a view (a merge's builder, a user holding a
     snapshot batch) would fault mapped pages back in after the reader released them,
     out of the budget's sight. One copy per read keeps the mapped pages' lifetime to
-    the read itself: the reader releases them right after decoding.
+    the read itself: the reader releases them right after decoding. Encodings whose
+    decode computes every output (frame of reference, decimal) need no copy.
 
     zstd columns with a ``cache`` (:class:`BlockCache`) decode from cached blocks,
     decompressing (straight out of the mapping: that is the copy) only the missing ones.
@@ -111,7 +112,9 @@ def decode_column(pagefile, group: dict, cache=None, dictionary: bool = False):
     """
     if cache is not None and group["codec"] == "zstd":
         return _through_cache(pagefile, group, cache, zstd_blocks.decode_from_blocks)
-    buffers = [b.copy() for b in _mapped(pagefile, group)]
+    buffers = _mapped(pagefile, group)
+    if not decodes_fresh(group["codec"], group["meta"]):
+        buffers = [b.copy() for b in buffers]
     if dictionary:
         out = decode_dictionary(group["codec"], group["version"], group["meta"], buffers)
         if out is not None:

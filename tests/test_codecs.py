@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from arrangedb.codecs import (
-    CODECS, CodecError, Encoded, choose_codec, decode, decode_dictionary, decode_range, encode,
-    take, take_dictionary,
+    CODECS, CodecError, Encoded, choose_codec, decode, decode_dictionary, decode_range,
+    decodes_fresh, encode, take, take_dictionary,
 )
 
 NAMES = ["plain", "offsets", "dict", "for", "decimal", "zstd"]
@@ -702,3 +702,41 @@ def test_decimal_decodes_narrow_frames_exactly_near_the_float_limit(base, spread
     hi = data.draw(st.integers(lo, len(x)))
     got = decode_range(enc.codec, enc.version, meta, as_stored(enc.buffers, "numpy"), lo, hi)
     assert got.view(np.int64).tolist() == x[lo:hi].view(np.int64).tolist()
+
+
+def _overlaps(out, buffers) -> bool:
+    """Whether any buffer of a decoded array lies inside one of the input buffers."""
+    spans = [(b.ctypes.data, b.ctypes.data + b.nbytes) for b in buffers if b.nbytes]
+    if isinstance(out, np.ndarray):
+        outs = [(out.ctypes.data, out.ctypes.data + out.nbytes)] if out.nbytes else []
+    else:
+        outs = [(b.address, b.address + b.size) for b in out.buffers() if b is not None
+                and b.size]
+    return any(lo < hi2 and lo2 < hi for lo, hi in outs for lo2, hi2 in spans)
+
+
+@pytest.mark.parametrize("codec", ["for", "decimal", "plain", "offsets"])
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 10**6), min_size=1, max_size=300), st.booleans(),
+       st.booleans())
+def test_decodes_fresh_means_no_view_of_the_buffers(codec, ints, arrow, nulls):
+    """A reader skips copying mapped pages only for encodings that say so: their decode
+    must not hand any of those bytes back. (plain does hand views back: the test
+    would catch a claim otherwise.)"""
+    values = np.asarray(ints, np.int64)
+    if codec == "decimal":
+        values = values / 100.0
+    elif codec == "offsets":
+        values = np.cumsum(values).astype(np.uint64)
+        arrow = nulls = False
+    if arrow:
+        mask = np.arange(len(values)) % 3 == 0 if nulls else None
+        values = pa.array(values, mask=mask)
+    enc = encode(values, codec)
+    buffers = [np.frombuffer(bytes(b), np.uint8) if not isinstance(b, np.ndarray)
+               else np.frombuffer(b.tobytes(), np.uint8) for b in enc.buffers]
+    out = decode(enc.codec, enc.version, enc.meta, buffers)
+    if decodes_fresh(enc.codec, enc.meta):
+        assert not _overlaps(out, buffers)
+    if codec == "plain" and not arrow:
+        assert not decodes_fresh(enc.codec, enc.meta) and _overlaps(out, buffers)
