@@ -137,6 +137,13 @@ class Part:
         codes), their strings not gathered per row."""
         return _expand(self._coded_layout(dictionary))
 
+    def stored_layout(self, dictionary: frozenset = frozenset()) -> PartLayout | None:
+        """The layout as stored, every column decoded, keys never expanded to rows (for
+        readers that work per key); None when the part holds no layout (a resident
+        part: its ``read`` is as cheap). Under one stored (time, diff) the leaf bounds
+        may be absent (None): every leaf is then one update of it."""
+        return self._coded_layout(dictionary)
+
     def _coded_layout(self, dictionary: frozenset) -> PartLayout:
         layout = self.layout()
         if not dictionary:
@@ -165,6 +172,9 @@ class PagedPart(Part):
     cache: object = field(default=None, repr=False)   # the engine's BlockCache, if any
 
     def read(self, dictionary: frozenset = frozenset()) -> tuple[Updates, np.ndarray]:
+        return _expand(self.stored_layout(dictionary))
+
+    def stored_layout(self, dictionary: frozenset = frozenset()) -> PartLayout:
         try:
             cols = self._decode(("times", "diffs"), None)
             # under one stored (time, diff) the leaf bounds say nothing: not even decoded
@@ -176,7 +186,7 @@ class PagedPart(Part):
                         if k in rest)
         finally:
             self.release()  # the bytes were copied out (or failed to): let the pages go
-        return _expand(self._assemble(cols, dictionary=dictionary))
+        return self._assemble(cols, dictionary=dictionary)
 
     def layout(self) -> PartLayout:
         # a scan reads each block once: through the cache it would only evict the blocks

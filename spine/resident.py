@@ -62,6 +62,9 @@ class ResidentPart(Part):
     def layout(self):
         return to_layout(self.updates)
 
+    def stored_layout(self, dictionary: frozenset = frozenset()) -> None:
+        return None   # held as updates: ``read`` hands them over without a decode
+
     def lookup_layout(self, dictionary: frozenset = frozenset()) -> PartLayout:
         """The updates as a layout without compacting them: each row its own leaf (a
         val repeated at several times is then several leaves, which a lookup sums
