@@ -26,6 +26,7 @@ _EXPORTS = {
     "SpillError": "arrangedb.pager",
     "PageFileError": "arrangedb.pager",
     "join": "arrangedb.ops",
+    "join_group_by": "arrangedb.ops",
     "reduce": "arrangedb.ops",
     "distinct": "arrangedb.ops",
     "top_k": "arrangedb.ops",

@@ -2,6 +2,7 @@
 
 from arrangedb.ops.group_by import group_by
 from arrangedb.ops.join import join
+from arrangedb.ops.join_group_by import join_group_by
 from arrangedb.ops.reduce import distinct, reduce, threshold, top_k
 
-__all__ = ["distinct", "group_by", "join", "reduce", "threshold", "top_k"]
+__all__ = ["distinct", "group_by", "join", "join_group_by", "reduce", "threshold", "top_k"]

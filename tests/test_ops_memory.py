@@ -1,5 +1,6 @@
-"""A join of two inputs together 8x the budget, its output streamed into an aggregation,
-stays within the budget: measured as the process's RSS in a fresh interpreter."""
+"""A join of two inputs together 8x the budget, its output streamed into an aggregation
+(or aggregated below the join, ``join_group_by``), stays within the budget: measured as
+the process's RSS in a fresh interpreter."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ SCRIPT = textwrap.dedent("""
     import arrangedb as adb
     from arrangedb.pager import RSS_ALLOWANCE
 
-    budget, root = int(sys.argv[1]), sys.argv[2]
+    budget, root, fused = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "fused"
     rows_per_batch = 1 << 16
     row_bytes = 8 + 8                            # key and val (a snapshot: no time/diff a row)
     total = 8 * budget // row_bytes              # both sides together: 8x the budget
@@ -42,9 +43,11 @@ SCRIPT = textwrap.dedent("""
     with adb.Engine(spill_dir=root, memory_budget=budget) as e:
         o = e.arrange(orders(), key=["customer_id"])
         c = e.arrange(customers(), key=["customer_id"])
-        out = adb.group_by(adb.join(o, c), by="region",
-                           aggs={"orders": ("count", None), "amount": ("sum", "amount")},
-                           engine=e).read_all()
+        aggs = {"orders": ("count", None), "amount": ("sum", "amount")}
+        if fused:   # the aggregation below the join: orders summed per key first
+            out = adb.join_group_by(o, c, by="region", aggs=aggs, engine=e).read_all()
+        else:
+            out = adb.group_by(adb.join(o, c), by="region", aggs=aggs, engine=e).read_all()
         s = e.stats()
     print(json.dumps({"orders": int(pa.compute.sum(out.column("orders")).as_py()),
                       "amount": int(pa.compute.sum(out.column("amount")).as_py()),
@@ -55,9 +58,10 @@ SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_join_and_aggregate_eight_times_the_budget(tmp_path):
+@pytest.mark.parametrize("plan", ["group_by(join)", "fused"])
+def test_join_and_aggregate_eight_times_the_budget(tmp_path, plan):
     budget = 32 << 20
-    out = subprocess.run([sys.executable, "-c", SCRIPT, str(budget), str(tmp_path)],
+    out = subprocess.run([sys.executable, "-c", SCRIPT, str(budget), str(tmp_path), plan],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])

@@ -1,0 +1,303 @@
+"""join_group_by: a join followed by a grouping, with the aggregation pushed below the join.
+
+Design
+------
+``SELECT by, aggs FROM left JOIN right USING (key) GROUP BY by`` -- what
+``group_by(join(left, right, at=at), by, aggs)`` computes -- without materialising the
+join, when every aggregate reads one side (A) and every group column is a key column or
+a val of the other side (B). count, sum and mean are linear in the rows' counts, so A's
+rows are summed per key first (eager aggregation, as in Yan and Larson's "group-by
+before join") and each of B's rows then meets one partial row per key instead of every
+A row of its key: a 40M-row fact side joined with a 4M-row dimension moves 4M partials
+through the join, not 40M rows.
+
+Both sides are read per part straight off their stored layout (``part_blocks``: keys
+never expanded to rows) and merged in key order. Each A part's per-key partials (sums
+by ``np.add.reduceat`` over the key bounds) are matched against the B blocks that cover
+its keys and grouped on B's columns at once (``bincount`` over dictionary codes when the
+group is one such column), so what reaches ``group_by`` is one small table of partial
+aggregates per part, which it combines within the budget (its ``final`` phase) and
+finishes exactly as it finishes a plain grouping.
+
+Any other plan -- an aggregate over both sides, a group column of A, min, max,
+count_distinct, a ``how`` other than inner -- runs as ``group_by(join(...))``: the same
+result, with the join materialised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from arrangedb.ops.aggregate import check_aggs
+from arrangedb.ops.common import DEFAULT_BATCH_ROWS, check_batch_rows, check_time
+from arrangedb.ops.group_by import (_bincount_groups, _partial_names, _Partials,
+                                    _plain_schema, _unified, group_by)
+from arrangedb.ops.join import HOWS, _check_traces, _schema, join, match_keys, prefixed_names
+from arrangedb.spine.cursor import Block, part_blocks
+from arrangedb.spine.kernels import count_through
+from arrangedb.spine.layout import ranges
+from arrangedb.spine.updates import is_constant
+
+LINEAR = ("count", "sum", "mean")
+
+
+def _sides(left, right) -> dict[str, tuple[str, str]]:
+    """Output column name -> (side, the trace's column name); side in key, 0, 1."""
+    lnames, rnames = prefixed_names(left.key_names, left.val_names, right.val_names)
+    where = {k: ("key", k) for k in left.key_names}
+    where.update((out, (0, name)) for out, name in zip(lnames, left.val_names))
+    where.update((out, (1, name)) for out, name in zip(rnames, right.val_names))
+    return where
+
+
+def _pushdown_side(left, right, by: list[str], aggs: dict, how: str) -> int | None:
+    """The side whose rows can be summed per key before the join (0 left, 1 right), or
+    None when the plan does not have that shape."""
+    if how != "inner" or any(fn not in LINEAR for fn, _ in aggs.values()):
+        return None
+    where = _sides(left, right)
+    agg_sides = {where[col][0] for _, col in aggs.values() if col is not None}
+    if "key" in agg_sides or len(agg_sides) > 1:
+        return None
+    by_sides = {where[b][0] for b in by} - {"key"}
+    if len(by_sides) > 1:
+        return None
+    if agg_sides:
+        side = agg_sides.pop()
+    elif by_sides:
+        side = 1 - next(iter(by_sides))
+    else:   # only counts, grouped on keys: sum the larger side per key
+        side = 0 if _updates(left) >= _updates(right) else 1
+    return side if side not in by_sides else None
+
+
+def _updates(trace) -> int:
+    return sum(len(b) for b in trace.spine.batches())
+
+
+def _numeric(arr: pa.Array) -> np.ndarray:
+    typ = np.float64 if pa.types.is_floating(arr.type) else np.int64
+    values = arr.fill_null(0) if arr.null_count else arr
+    return values.to_numpy(zero_copy_only=False).astype(typ, copy=False)
+
+
+class _KeyPartials:
+    """Per key of an A block, the sums each partial needs: ``n`` (count-weighted rows,
+    or valid values), ``s`` (count-weighted values) and ``v`` (valid rows, unweighted:
+    a sum over no non-null value is null)."""
+
+    def __init__(self, aggs: dict, plan: dict, column_of: dict):
+        self.aggs, self.plan, self.column_of = aggs, plan, column_of
+
+    def __call__(self, block: Block) -> dict[str, np.ndarray]:
+        bounds = block.key_bounds.astype(np.int64)
+        starts, rows = bounds[:-1], np.diff(bounds)
+        counts = block.counts
+        # Counts are mostly one value (each stored row once): sum the values per key and
+        # correct for the few rows counted otherwise, instead of weighing every row
+        unit = int(counts[0]) if len(counts) else 1
+        odd = None if is_constant(counts) else np.flatnonzero(counts != unit)
+        if odd is not None and len(odd) > len(counts) // 8:
+            odd, unit = None, None   # not few: weigh every row
+        odd_key = (None if odd is None or not len(odd)
+                   else np.searchsorted(bounds, odd, side="right") - 1)
+
+        def per_key(x: np.ndarray) -> np.ndarray:
+            return np.add.reduceat(x, starts) if len(starts) else x[:0]
+
+        def weighted(x: np.ndarray) -> np.ndarray:
+            if unit is None:
+                return per_key(x * counts)
+            total = per_key(x) if unit == 1 else per_key(x) * unit
+            if odd_key is not None:
+                np.add.at(total, odd_key, x[odd] * (counts[odd] - unit))
+            return total
+
+        if unit is None:
+            n_rows = per_key(counts.astype(np.int64))
+        else:
+            n_rows = rows * unit
+            if odd_key is not None:
+                np.add.at(n_rows, odd_key, counts[odd] - unit)
+        out = {}
+        for name, (fn, col) in self.aggs.items():
+            arr = None
+            if col is not None:
+                arr = block.vals.column(self.column_of[col])
+                arr = arr.chunk(0) if arr.num_chunks == 1 else arr.combine_chunks()
+            valid = (None if arr is None or arr.null_count == 0
+                     else arr.is_valid().to_numpy(zero_copy_only=False))
+            for pname, kind in self.plan[name]:
+                if kind == "n":
+                    out[pname] = n_rows if valid is None else weighted(valid.astype(np.int64))
+                elif kind == "v":
+                    out[pname] = rows if valid is None else per_key(valid.astype(np.int64))
+                else:   # "s": nulls were filled with 0
+                    out[pname] = weighted(_numeric(arr))
+        return out
+
+
+GATHER_KEYS = 1 << 18   # A keys matched against a B block at once (~8 MiB of partials)
+
+
+def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: _Partials,
+           key_partials: _KeyPartials, b_side: int) -> Iterator[pa.RecordBatch]:
+    """Walk B's blocks in key order; against each, the per-key partials of A's keys up
+    to its last key, gathered across A's parts (a B block of a dimension spans many of a
+    fact side's parts: one match and one grouping per block, not per A part)."""
+    by_b = [where[b][1] for b in by if where[b][0] == b_side]
+    dictionary = frozenset(c for c in by_b if _codes_well(b_trace.val_schema.field(c).type))
+    a_blocks = part_blocks(a_trace, at)
+    a_parts = ((ab.keys, key_partials(ab)) for ab in a_blocks if ab.num_keys)
+    b_blocks = part_blocks(b_trace, at, dictionary)
+
+    def emit(got: list, bb: Block) -> Iterator[pa.RecordBatch]:
+        keys = (got[0][0] if len(got) == 1
+                else pa.concat_tables([k for k, _ in got]).combine_chunks())
+        sums = {p: np.concatenate([s[p] for _, s in got]) if len(got) > 1 else got[0][1][p]
+                for p in got[0][1]}
+        li, ri = match_keys(keys, bb.keys)
+        if len(li):
+            groups, cols = _pairs(keys, bb, li, ri, by, where, b_side, sums)
+            yield partials.as_partials(_grouped(groups, cols, by, partials))
+
+    carry, a_done = None, False   # carry: the rest of an A part reaching past a B block
+    try:
+        for bb in b_blocks:
+            if bb.num_keys == 0:
+                continue
+            b_last = bb.keys.slice(bb.num_keys - 1, 1)
+            got, gathered = [], 0
+            while not a_done:
+                if carry is None:
+                    carry = next(a_parts, None)
+                    if carry is None:
+                        a_done = True
+                        break
+                keys, sums = carry
+                n = count_through(keys, b_last)
+                if n:
+                    got.append(carry if n == keys.num_rows else _cut(carry, 0, n))
+                    gathered += n
+                carry = None if n == keys.num_rows else _cut(carry, n, keys.num_rows)
+                if gathered >= GATHER_KEYS:
+                    yield from emit(got, bb)
+                    got, gathered = [], 0
+                if carry is not None:
+                    break   # A's next keys lie beyond this block
+            if got:
+                yield from emit(got, bb)
+            if a_done and carry is None:
+                break   # an inner join: B's remaining keys meet nothing
+    finally:
+        b_blocks.close()
+        a_blocks.close()
+
+
+def _codes_well(t: pa.DataType) -> bool:
+    """A column whose dictionary codes group it (bincount) as well as its values."""
+    return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+            or pa.types.is_large_binary(t) or pa.types.is_integer(t))
+
+
+def _cut(item: tuple, lo: int, hi: int) -> tuple:
+    keys, sums = item
+    return keys.slice(lo, hi - lo), {p: x[lo:hi] for p, x in sums.items()}
+
+
+def _pairs(akeys: pa.Table, bb: Block, li: np.ndarray, ri: np.ndarray, by: list[str],
+           where: dict, b_side: int, sums: dict) -> tuple[dict, dict]:
+    """Group columns and partials of each (A key, B row) pair of matched keys."""
+    first = bb.key_bounds[ri].astype(np.int64)
+    b_rows = bb.key_bounds[ri + 1].astype(np.int64) - first
+    if len(b_rows) and b_rows.max() == 1:   # a dimension: one row per key
+        rows, akey = first, li
+        if li[-1] - li[0] == len(li) - 1:   # distinct and consecutive: no gather
+            akey = slice(int(li[0]), int(li[-1]) + 1)
+    else:
+        rows, akey = ranges(first, b_rows), np.repeat(li, b_rows)
+    # B's counts weigh every partial but v, which counts rows present
+    weight = int(bb.counts[0]) if is_constant(bb.counts) else bb.counts[rows]
+    unit = isinstance(weight, int) and weight == 1
+    cols = {p: x[akey] if unit or p.endswith("__v") else x[akey] * weight
+            for p, x in sums.items()}
+    if isinstance(akey, slice):
+        akey = np.arange(akey.start, akey.stop, dtype=np.int64)
+    groups = {}
+    for b in by:
+        side, name = where[b]
+        groups[b] = (_take(akeys.column(name), akey) if side == "key"
+                     else _take(bb.vals.column(name), rows))
+    return groups, cols
+
+
+def _take(column, rows: np.ndarray):
+    """Rows of a column; a run of consecutive rows as a slice."""
+    n = len(rows)
+    if n and rows[-1] - rows[0] == n - 1:
+        return column.slice(int(rows[0]), n)
+    return column.take(pa.array(rows, pa.int64()))
+
+
+def _grouped(groups: dict, cols: dict, by: list[str], partials: _Partials) -> pa.Table:
+    """Pairs grouped on ``by``: one partial row per group. (Per B block: a block's
+    dictionary columns share one dictionary, so its codes are bincounted as they are.)"""
+    chunk = pa.table(groups)
+    fast = _bincount_groups(chunk, by, cols)
+    if fast is not None:
+        return fast
+    for p, c in cols.items():
+        chunk = chunk.append_column(p, pa.array(c))
+    return partials.combine(_unified(chunk, by))
+
+
+def join_group_by(left, right, by, aggs: dict, at: int | None = None, how: str = "inner",
+                  engine=None, memory_budget="256MiB", spill_dir=None,
+                  batch_rows: int = DEFAULT_BATCH_ROWS) -> pa.RecordBatchReader:
+    """Join two traces on their keys and group the joined rows: the result of
+    ``group_by(join(left, right, at=at, how=how), by, aggs)``, rows weighed by the
+    join's counts (SQL bag semantics).
+
+    ``by`` and the aggregated columns are named as in :func:`join`'s output (val names
+    prefixed ``left_``/``right_`` where they clash). ``aggs`` as in :func:`group_by`.
+    When every aggregate is a count, sum or mean of one side's vals (or a count) and
+    every group column is a key column or the other side's val, the aggregation runs
+    below the join, per key, and the joined rows are never materialised; otherwise the
+    join is (see the module's notes). ``engine``/``memory_budget``/``spill_dir`` as in
+    :func:`group_by`, which combines the groups within the budget.
+    """
+    if how not in HOWS:
+        raise ValueError(f"unknown how={how!r}; use one of {', '.join(HOWS)}")
+    batch_rows = check_batch_rows(batch_rows)
+    check_time("at", at)
+    _check_traces(left, right)
+    for t in (left, right):
+        t._check_read_time(at)
+    by = [by] if isinstance(by, str) else list(by)
+    join_schema = _schema(left, right, how, False)
+    schema = _plain_schema(join_schema)
+    for b in by:
+        if b not in schema.names:
+            raise KeyError(f"join_group_by: no column {b!r} in the join's output "
+                           f"(columns: {schema.names})")
+    aggs = check_aggs(aggs, schema, "the join's output")
+    on_count = "count" in by or any(c == "count" for _, c in aggs.values())
+    side = None if on_count else _pushdown_side(left, right, by, aggs, how)
+    if side is None:
+        return group_by(join(left, right, at=at, how=how, batch_rows=batch_rows), by, aggs,
+                        weight="count", engine=engine, memory_budget=memory_budget,
+                        spill_dir=spill_dir, batch_rows=batch_rows)
+    where = _sides(left, right)
+    partials = _Partials(by, aggs, _partial_names(aggs), schema, "count")
+    column_of = {out: name for out, (s, name) in where.items() if s == side}
+    a_trace, b_trace = (left, right) if side == 0 else (right, left)
+    stream = pa.RecordBatchReader.from_batches(
+        partials.partial_schema(),
+        _fused(a_trace, b_trace, at, by, where, partials,
+               _KeyPartials(aggs, partials.plan, column_of), 1 - side))
+    return group_by(stream, by, aggs, engine=engine, memory_budget=memory_budget,
+                    spill_dir=spill_dir, batch_rows=batch_rows, phase="final",
+                    source_schema=schema)
