@@ -17,13 +17,19 @@ Cases (each measured for arrangedb and DuckDB, at one memory budget):
 ``warm``
     Arrangements / tables already built (not timed); only the query is timed. The
     arrangements are merged to one batch each when built (``merge_all``, as an idle
-    spine's ``exert`` would leave them). arrangedb has two plans, reported separately:
+    spine's ``exert`` would leave them). arrangedb has three plans, reported separately:
 
     * ``plain``: ``group_by(join(orders_t, customers_t, expand=True,
       read_dictionary=["region"]), by="region")`` -- a full merge join of the two
       arrangements with SQL bag semantics (one row per order: a multiset reader, so
       the join need not consolidate runs by val, only merge them by key); region comes
       out as dictionary codes, which group_by counts with ``bincount``;
+    * ``fused``: ``join_group_by(orders_t, customers_t, by="region")`` -- the same
+      query over the same two arrangements, with count and sum(amount) pushed below the
+      join (eager aggregation): orders are summed per customer straight off their stored
+      layout, and each customer's region meets one partial row instead of its orders.
+      The same work DuckDB is asked for (it could aggregate below the join too); its
+      incremental form is the ``plain`` plan's change join.
     * ``preagg``: built alongside the arrangements (not timed), an arrangement of
       orders reduced per customer (``reduce(orders_t, n=count, s=sum(amount))``,
       arranged by customer_id); the warm query joins that key-level arrangement
@@ -63,7 +69,7 @@ Peak RSS is "peak during the timed phase minus RSS right before it":
   minus the RSS at that point; the resident state held by then (arrangements, pages)
   is reported separately as ``held_before``. The engine's own lifetime figure (peak
   over its baseline, build included) is kept as ``engine_peak_over_baseline``.
-  The two warm plans run one after the other in the same subprocess, each in its own
+  The warm plans run one after the other in the same subprocess, each in its own
   window (freed memory handed back to the OS in between); the incremental case has one
   window over the insert and both plans' changes.
 * DuckDB: the process RSS sampled by a thread every 20 ms (psutil) during the timed
@@ -295,6 +301,13 @@ def ad_plain(engine, orders_t, customers_t) -> pa.Table:
                               engine=engine)).sort_by("region")
 
 
+def ad_fused(engine, orders_t, customers_t) -> pa.Table:
+    from arrangedb import join_group_by
+
+    return _read_all(join_group_by(orders_t, customers_t, by="region", aggs=AGGS,
+                                   engine=engine)).sort_by("region")
+
+
 def ad_preagg(engine, preagg_t, customers_t) -> pa.Table:
     from arrangedb import group_by, join
 
@@ -404,6 +417,7 @@ def _warm_up_arrangedb(workdir: str) -> None:
         c = engine.arrange(customers, key=["customer_id"], vals=["region"])
         p = ad_build_preagg(engine, o)
         base = ad_plain(engine, o, c)
+        ad_fused(engine, o, c)
         ad_preagg(engine, p, c)
         o.insert(pa.table({"customer_id": pa.array([1], pa.int64()), "amount": [9.0],
                            "t": pa.array([1], pa.uint64()), "d": pa.array([1], pa.int64())}),
@@ -441,6 +455,7 @@ def arrangedb_case(case: str, paths: dict, budget: str, threads: int, workdir: s
         if case == "warm":
             plans = {}
             for plan, fn in (("plain", lambda: ad_plain(engine, orders_t, customers_t)),
+                             ("fused", lambda: ad_fused(engine, orders_t, customers_t)),
                              ("preagg", lambda: ad_preagg(engine, preagg_t, customers_t))):
                 lifetime_peak = max(lifetime_peak, engine.budget.peak_rss)
                 start = _restart_peak(engine)
