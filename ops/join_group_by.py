@@ -229,7 +229,8 @@ def _pairs(akeys: pa.Table, bb: Block, li: np.ndarray, ri: np.ndarray, by: list[
     groups = {}
     for b in by:
         side, name = where[b]
-        groups[b] = (_take(akeys.column(name), akey) if side == "key"
+        # key columns by position: A may be the right trace, its key named otherwise
+        groups[b] = (_take(akeys.column(list(where).index(b)), akey) if side == "key"
                      else _take(bb.vals.column(name), rows))
     return groups, cols
 

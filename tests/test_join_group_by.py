@@ -193,3 +193,17 @@ def test_part_blocks_hold_what_the_cursor_holds(tmp_path_factory, n, nkeys, time
                 assert len(b.key_bounds) == b.num_keys + 1 and (np.diff(b.key_bounds) > 0).all()
                 assert (np.asarray(b.counts) != 0).all()
             assert _accumulated(got, names) == _accumulated(blocks(t, at), names)
+
+
+def test_summed_right_side_with_its_own_key_name(engine, monkeypatch):
+    """The right side summed per key and grouped on the key: the output names the key
+    as the left trace does, whatever the right trace calls it."""
+    L = pa.table({"k": np.arange(6) % 4, "a": np.arange(6)})
+    R = pa.table({"id": np.arange(30) % 5, "b": np.arange(30)})
+    lt, rt = engine.arrange(L, key=["k"]), engine.arrange(R, key=["id"])
+    _no_join(monkeypatch)
+    got = adb.join_group_by(lt, rt, by="k", aggs={"s": ("sum", "b"), "n": ("count", None)},
+                            engine=engine).read_all()
+    want = sql("select k, cast(sum(b) as bigint) s, count(*) n from L join R on k = id "
+               "group by k", L=L, R=R)
+    assert bag(got) == bag(want)
