@@ -60,11 +60,11 @@ def _valid(arr: pa.Array) -> np.ndarray:
     return arr.is_valid().to_numpy(zero_copy_only=False)
 
 
-def _numeric(arr: pa.Array, valid: np.ndarray) -> np.ndarray:
-    typ = arr.type
-    target = np.float64 if pa.types.is_floating(typ) else np.int64
+def numeric_values(arr: pa.Array) -> np.ndarray:
+    """A numeric column as float64 (floats) or int64 (integers), nulls as 0."""
+    target = np.float64 if pa.types.is_floating(arr.type) else np.int64
     values = arr.fill_null(0) if arr.null_count else arr
-    return values.to_numpy(zero_copy_only=False).astype(target, copy=False) * valid
+    return values.to_numpy(zero_copy_only=False).astype(target, copy=False)
 
 
 def grouped_sum(x: np.ndarray, bounds: np.ndarray) -> np.ndarray:
@@ -109,7 +109,7 @@ def aggregate(bounds: np.ndarray, vals: pa.Table | None, counts: np.ndarray,
         if fn == "count":
             out.append(pa.array(nonnull, pa.int64()))
         elif fn in ("sum", "mean"):
-            total = grouped_sum(_numeric(arr, valid) * counts, bounds)
+            total = grouped_sum(numeric_values(arr) * valid * counts, bounds)
             has = grouped_sum(valid.astype(np.int64), bounds) > 0
             if fn == "mean":
                 with np.errstate(divide="ignore", invalid="ignore"):

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from arrangedb.ops.aggregate import aggregate, check_aggs, output_field
+from arrangedb.ops.aggregate import aggregate, check_aggs, numeric_values, output_field
 from arrangedb.ops.common import DEFAULT_BATCH_ROWS, columns_of
 from arrangedb.pager.budget import release_freed_memory
 from arrangedb.spine.ingest import open_batches
@@ -68,9 +68,7 @@ class _Partials:
                 elif kind == "v":
                     cols[pname] = None if valid is None else valid.astype(np.int64)
                 elif kind == "s":
-                    typ = np.float64 if pa.types.is_floating(arr.type) else np.int64
-                    x = (arr.fill_null(0) if arr.null_count else arr).to_numpy(
-                        zero_copy_only=False).astype(typ, copy=False)
+                    x = numeric_values(arr)
                     cols[pname] = x if w is None else x * w   # nulls were filled with 0
                 elif w is None:  # min / max
                     cols[pname] = arr

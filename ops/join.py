@@ -62,6 +62,12 @@ def prefixed_names(keys: list[str], lvals: list[str], rvals: list[str]
             [f"right_{n}" if n in clash else n for n in rvals])
 
 
+def dictionary_readable(t: pa.DataType) -> bool:
+    """A val column ``read_dictionary`` may ask for: string, binary or integer."""
+    return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+            or pa.types.is_large_binary(t) or pa.types.is_integer(t))
+
+
 def _dictionary_columns(left, right, how: str, read_dictionary) -> tuple[frozenset, frozenset]:
     """The left and right val columns (trace names) that ``read_dictionary`` (output
     names) asks for as dictionary arrays; an error naming any other name or type."""
@@ -80,8 +86,7 @@ def _dictionary_columns(left, right, how: str, read_dictionary) -> tuple[frozens
                            f"output (val columns: {sorted(where)})")
         side, field = where[name]
         t = field.type
-        if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
-                or pa.types.is_large_binary(t) or pa.types.is_integer(t)):
+        if not dictionary_readable(t):
             raise TypeError(f"read_dictionary: column {name!r} is {t}; dictionary arrays "
                             "are for string, binary and integer columns")
         chosen[side].add(field.name)

@@ -31,11 +31,12 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.ops.aggregate import check_aggs
+from arrangedb.ops.aggregate import check_aggs, numeric_values
 from arrangedb.ops.common import DEFAULT_BATCH_ROWS, check_batch_rows, check_time
 from arrangedb.ops.group_by import (_bincount_groups, _partial_names, _Partials,
                                     _plain_schema, _unified, group_by)
-from arrangedb.ops.join import HOWS, _check_traces, _schema, join, match_keys, prefixed_names
+from arrangedb.ops.join import (HOWS, _check_traces, _schema, dictionary_readable, join,
+                                match_keys, prefixed_names)
 from arrangedb.spine.cursor import Block, part_blocks
 from arrangedb.spine.kernels import count_through
 from arrangedb.spine.layout import ranges
@@ -45,9 +46,11 @@ LINEAR = ("count", "sum", "mean")
 
 
 def _sides(left, right) -> dict[str, tuple[str, str]]:
-    """Output column name -> (side, the trace's column name); side in key, 0, 1."""
+    """Output column name -> (side, the trace's column); side in key, 0, 1. A key column
+    is given by position: the side read may be the right trace, whose keys are named
+    otherwise."""
     lnames, rnames = prefixed_names(left.key_names, left.val_names, right.val_names)
-    where = {k: ("key", k) for k in left.key_names}
+    where = {k: ("key", i) for i, k in enumerate(left.key_names)}
     where.update((out, (0, name)) for out, name in zip(lnames, left.val_names))
     where.update((out, (1, name)) for out, name in zip(rnames, right.val_names))
     return where
@@ -76,12 +79,6 @@ def _pushdown_side(left, right, by: list[str], aggs: dict, how: str) -> int | No
 
 def _updates(trace) -> int:
     return sum(len(b) for b in trace.spine.batches())
-
-
-def _numeric(arr: pa.Array) -> np.ndarray:
-    typ = np.float64 if pa.types.is_floating(arr.type) else np.int64
-    values = arr.fill_null(0) if arr.null_count else arr
-    return values.to_numpy(zero_copy_only=False).astype(typ, copy=False)
 
 
 class _KeyPartials:
@@ -136,7 +133,7 @@ class _KeyPartials:
                 elif kind == "v":
                     out[pname] = rows if valid is None else per_key(valid.astype(np.int64))
                 else:   # "s": nulls were filled with 0
-                    out[pname] = weighted(_numeric(arr))
+                    out[pname] = weighted(numeric_values(arr))
         return out
 
 
@@ -149,7 +146,9 @@ def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: _Partials
     to its last key, gathered across A's parts (a B block of a dimension spans many of a
     fact side's parts: one match and one grouping per block, not per A part)."""
     by_b = [where[b][1] for b in by if where[b][0] == b_side]
-    dictionary = frozenset(c for c in by_b if _codes_well(b_trace.val_schema.field(c).type))
+    # read as codes where it can be: a block's codes group by bincount
+    dictionary = frozenset(c for c in by_b
+                           if dictionary_readable(b_trace.val_schema.field(c).type))
     a_blocks = part_blocks(a_trace, at)
     a_parts = ((ab.keys, key_partials(ab)) for ab in a_blocks if ab.num_keys)
     b_blocks = part_blocks(b_trace, at, dictionary)
@@ -197,12 +196,6 @@ def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: _Partials
         a_blocks.close()
 
 
-def _codes_well(t: pa.DataType) -> bool:
-    """A column whose dictionary codes group it (bincount) as well as its values."""
-    return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
-            or pa.types.is_large_binary(t) or pa.types.is_integer(t))
-
-
 def _cut(item: tuple, lo: int, hi: int) -> tuple:
     keys, sums = item
     return keys.slice(lo, hi - lo), {p: x[lo:hi] for p, x in sums.items()}
@@ -229,8 +222,7 @@ def _pairs(akeys: pa.Table, bb: Block, li: np.ndarray, ri: np.ndarray, by: list[
     groups = {}
     for b in by:
         side, name = where[b]
-        # key columns by position: A may be the right trace, its key named otherwise
-        groups[b] = (_take(akeys.column(list(where).index(b)), akey) if side == "key"
+        groups[b] = (_take(akeys.column(name), akey) if side == "key"
                      else _take(bb.vals.column(name), rows))
     return groups, cols
 
