@@ -4,7 +4,8 @@
 buffers); ``decode(codec, version, meta, buffers)`` returns the array -- numpy in, numpy
 out with the same dtype; Arrow in, the same Arrow type out, nulls included.
 ``decode_range`` returns elements [start, stop) and decompresses or widens only what they
-need where the codec allows it. A codec that does not apply to the input (``offsets`` on
+need where the codec allows it; ``segment_sums`` sums runs of values without decoding
+them, where it can. A codec that does not apply to the input (``offsets`` on
 strings, ``for`` on floats...) falls back to ``plain``; ``Encoded.codec`` says which was
 used. Every failure to decode is a ``CodecError``.
 
@@ -31,7 +32,8 @@ from arrangedb.codecs.choose import choose_codec
 CODECS = REGISTRY
 
 __all__ = ["CODECS", "CodecError", "Encoded", "choose_codec", "decode", "decode_dictionary",
-           "decode_range", "decodes_fresh", "encode", "encoded_length", "take", "take_dictionary"]
+           "decode_range", "decodes_fresh", "encode", "encoded_length", "segment_sums", "take",
+           "take_dictionary"]
 
 _DECODE_ERRORS = (ValueError, TypeError, KeyError, IndexError, OverflowError, AttributeError,
                   struct.error, binascii.Error, pa.ArrowException, zstandard.ZstdError)
@@ -109,6 +111,26 @@ def decodes_fresh(codec: str, meta: dict) -> bool:
     (False for an unknown codec: its decode will say what is wrong)."""
     found = REGISTRY.get(codec) if isinstance(codec, str) else None
     return found is not None and isinstance(meta, dict) and found.decodes_fresh(meta)
+
+
+def segment_sums(codec: str, version: int, meta: dict, buffers, starts) -> np.ndarray | None:
+    """Per segment ``[starts[i], starts[i + 1])`` (the last one to the end), the sum of
+    the encoded values, computed on the encoding without decoding it; None when the
+    codec cannot (decode and sum instead). ``starts`` strictly increasing from 0.
+
+    Integers sum as int64 (wrapping, as a sum of the decoded values would); decimal
+    floats sum exactly on their scaled integers, one division per segment -- the
+    correctly rounded sum, which may differ from adding the floats one by one in the
+    last bits. Columns with nulls are declined.
+    """
+    chosen = lookup(codec, version)
+    starts = np.asarray(starts, np.int64)
+    n = encoded_length(meta)
+    if n is None or (len(starts) and (starts[0] != 0 or starts[-1] >= n
+                                      or (np.diff(starts) <= 0).any())):
+        raise CodecError(f"segment starts must rise strictly from 0 within {n} elements")
+    with _reading(codec, version, meta):
+        return chosen.segment_sums(version, meta, list(buffers), starts)
 
 
 def encoded_length(meta: dict) -> int | None:

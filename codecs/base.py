@@ -57,6 +57,11 @@ class Codec:
         of the buffers it reads (a reader of mapped pages need not copy them first)."""
         return False
 
+    def segment_sums(self, version, meta, buffers, starts: np.ndarray):
+        """Sums of the values over segments, from the encoding itself (see
+        ``codecs.segment_sums``); None, the default, when the codec does not know how."""
+        return None
+
     def decode_range(self, version, meta, buffers, start, stop):
         """Elements [start, stop): by default a full decode and a slice."""
         return slice_values(self.decode(version, meta, buffers), start, stop)

@@ -24,7 +24,7 @@ from arrangedb.codecs.base import (
     narrow_uint, normalize_arrow, numpy_meta, pop_validity, register, str_to_type, valid_mask,
     validity_of,
 )
-from arrangedb.codecs.frame import FOR, decode_as_float
+from arrangedb.codecs.frame import FOR, decode_as_float, int_segment_sums
 
 MAX_DIGITS = 6
 _EXACT = float(1 << 53)      # |m| below this: int64 <-> float64 is exact
@@ -113,6 +113,23 @@ class Decimal(Codec):
     def decodes_fresh(self, meta) -> bool:
         # floats are computed from the integers; an Arrow validity bitmap is handed over
         return meta.get("kind") == "numpy" or not meta.get("validity")
+
+    def segment_sums(self, version, meta, buffers, starts):
+        # exact on the scaled integers while no sum can leave int64: n values below
+        # (|base| + 2**(8 width)) each
+        ints = meta["ints"]
+        if meta.get("validity") or ints.get("form") != "for" \
+                or ints.get("width") not in (0, 1, 2, 4):
+            return None
+        digits = meta["digits"]
+        check(isinstance(digits, int) and 0 <= digits <= MAX_DIGITS,
+              f"bad decimal digits {digits!r}")
+        check(meta_dtype(ints) == np.int64, "decimal ints")
+        base = int(np.uint64(ints["base"] % 2 ** 64).view(np.int64))
+        if meta_length(ints) * (abs(base) + 2 ** (8 * ints["width"])) >= 1 << 63:
+            return None
+        sums = int_segment_sums(ints, buffers, starts)
+        return None if sums is None else _back(sums, digits)
 
     def decode_range(self, version, meta, buffers, start, stop):
         n = meta_length(meta)

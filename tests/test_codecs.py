@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 
 from arrangedb.codecs import (
     CODECS, CodecError, Encoded, choose_codec, decode, decode_dictionary, decode_range,
-    decodes_fresh, encode, take, take_dictionary,
+    decodes_fresh, encode, segment_sums, take, take_dictionary,
 )
 
 NAMES = ["plain", "offsets", "dict", "for", "decimal", "zstd"]
@@ -740,3 +740,94 @@ def test_decodes_fresh_means_no_view_of_the_buffers(codec, ints, arrow, nulls):
         assert not _overlaps(out, buffers)
     if codec == "plain" and not arrow:
         assert not decodes_fresh(enc.codec, enc.meta) and _overlaps(out, buffers)
+
+
+# -- segment sums --------------------------------------------------------------------------
+
+INT_DTYPES = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
+
+
+@st.composite
+def _segments(draw, n: int) -> np.ndarray:
+    """Strictly rising segment starts from 0 over n elements."""
+    if n == 0:
+        return np.zeros(0, np.int64)
+    cuts = draw(st.sets(st.integers(1, n - 1), max_size=min(n - 1, 40))) if n > 1 else set()
+    return np.array([0, *sorted(cuts)], np.int64)
+
+
+@pytest.mark.parametrize("dtype", INT_DTYPES)
+@SETTINGS
+@given(data=st.data())
+def test_segment_sums_of_integers_are_the_sums_of_the_decoded_values(dtype, data):
+    """Frame of reference sums runs on its residuals: the int64 sums (wrapping, as the
+    decoded values would) of every run, and declines only where it must (nulls, 8-byte
+    residuals, the delta and stride forms, which decode instead)."""
+    info = np.iinfo(dtype)
+    full = int(info.max) - int(info.min)
+    span = min(full, data.draw(st.sampled_from([0, 200, 60000, 2**31, full])))
+    lo = data.draw(st.integers(int(info.min), int(info.max) - span))
+    n = data.draw(st.integers(0, 300))
+    ints = data.draw(st.lists(st.integers(lo, lo + span), min_size=n, max_size=n))
+    values = np.array(ints, dtype=dtype)
+    nulls = data.draw(st.booleans()) and n > 0
+    arrow = nulls or data.draw(st.booleans())
+    if arrow:
+        values = pa.array(values, mask=np.arange(n) % 4 == 1 if nulls else None)
+    starts = data.draw(_segments(n))
+    enc = encode(values, "for")
+    got = segment_sums(enc.codec, enc.version, enc.meta, as_stored(enc.buffers), starts)
+    meta = enc.meta
+    if arrow and values.null_count:
+        assert meta.get("validity")
+    can = (enc.codec == "for" and not meta.get("validity") and meta["form"] == "for"
+           and meta["width"] in (0, 1, 2, 4))
+    if not can:
+        assert got is None
+        return
+    decoded = np.asarray(decode(enc.codec, enc.version, meta, as_stored(enc.buffers)))
+    want = (np.add.reduceat(decoded.astype(np.int64), starts) if len(starts)
+            else np.zeros(0, np.int64))
+    assert got is not None and got.dtype == np.int64
+    assert got.tolist() == want.tolist()
+
+
+@SETTINGS
+@given(st.lists(st.integers(-10**9, 10**9), max_size=300), st.integers(0, 4),
+       st.booleans(), st.booleans(), st.data())
+def test_segment_sums_of_decimals_are_their_exact_sums_rounded(ints, digits, arrow, nulls,
+                                                                data):
+    """A decimal column sums on its scaled integers: each run's sum of the decimals it
+    holds, exact and rounded once (-0.1 + -0.2 is -0.3), not the floats added one by
+    one. The delta form of the integers (sorted columns) is declined, as are nulls."""
+    x = np.array(ints, np.int64) / 10.0 ** digits
+    if arrow:
+        x = pa.array(x, mask=np.arange(len(x)) % 3 == 0 if nulls else None)
+    else:
+        nulls = False
+    enc = encode(x, "decimal")
+    starts = data.draw(_segments(len(ints)))
+    got = segment_sums(enc.codec, enc.version, enc.meta, as_stored(enc.buffers), starts)
+    if enc.meta.get("validity"):
+        assert got is None
+        return
+    assert enc.codec == "decimal"
+    if enc.meta["ints"]["form"] != "for":
+        assert got is None
+        return
+    assert got is not None and got.dtype == np.float64
+    ends = [*starts[1:].tolist(), len(ints)]
+    # Python divides ints exactly rounded
+    want = [sum(ints[a:b]) / 10 ** digits for a, b in zip(starts.tolist(), ends)]
+    assert got.tolist() == want
+
+
+def test_segment_sums_refuse_bad_starts_and_decline_other_codecs():
+    enc = encode(np.arange(10, dtype=np.int64) * 7 % 5, "for")
+    for bad in ([1, 3], [0, 3, 3], [0, 10], [0, 5, 2]):
+        with pytest.raises(CodecError, match="segment starts"):
+            segment_sums(enc.codec, enc.version, enc.meta, enc.buffers, np.array(bad))
+    for codec in ("plain", "zstd", "dict"):
+        other = encode(np.arange(10, dtype=np.int64) % 3, codec)
+        assert segment_sums(other.codec, other.version, other.meta, other.buffers,
+                            np.array([0, 4])) is None
