@@ -88,6 +88,9 @@ class _KeyPartials:
 
     def __init__(self, aggs: dict, plan: dict, column_of: dict):
         self.aggs, self.plan, self.column_of = aggs, plan, column_of
+        cols = [(fn, column_of[c]) for fn, c in aggs.values() if c is not None]
+        self.columns = frozenset(c for _, c in cols)   # the A columns read
+        self.sums = frozenset(c for fn, c in cols if fn != "count")   # only summed
 
     def __call__(self, block: Block) -> dict[str, np.ndarray]:
         bounds = block.key_bounds.astype(np.int64)
@@ -119,8 +122,16 @@ class _KeyPartials:
             n_rows = rows * unit
             if odd_key is not None:
                 np.add.at(n_rows, odd_key, counts[odd] - unit)
+        summed = block.key_sums or {}
         out = {}
         for name, (fn, col) in self.aggs.items():
+            if col is not None and self.column_of[col] in summed:
+                # summed on its encoding: no nulls, every row counted ``unit`` times
+                s = summed[self.column_of[col]]
+                for pname, kind in self.plan[name]:
+                    out[pname] = (n_rows if kind == "n" else rows if kind == "v"
+                                  else s if unit == 1 else s * unit)
+                continue
             arr = None
             if col is not None:
                 arr = block.vals.column(self.column_of[col])
@@ -149,9 +160,9 @@ def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: _Partials
     # read as codes where it can be: a block's codes group by bincount
     dictionary = frozenset(c for c in by_b
                            if dictionary_readable(b_trace.val_schema.field(c).type))
-    a_blocks = part_blocks(a_trace, at)
+    a_blocks = part_blocks(a_trace, at, sums=key_partials.sums, columns=key_partials.columns)
     a_parts = ((ab.keys, key_partials(ab)) for ab in a_blocks if ab.num_keys)
-    b_blocks = part_blocks(b_trace, at, dictionary)
+    b_blocks = part_blocks(b_trace, at, dictionary, columns=frozenset(by_b))
 
     def emit(got: list, bb: Block) -> Iterator[pa.RecordBatch]:
         keys = (got[0][0] if len(got) == 1

@@ -16,7 +16,7 @@ array operation, and neither side is ever held whole.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
@@ -43,6 +43,10 @@ class Block:
     counts: np.ndarray
     times: np.ndarray | None = None
     rows: pa.Table | None = None   # the key of every row, when the reader had it anyway
+    # per key, the sum of a val column's values over its rows (unweighted), for columns
+    # a reader asked summed (``part_blocks``) and the part could sum without decoding;
+    # such a column is absent from ``vals``, and ``counts`` then is one constant
+    key_sums: dict | None = None
 
     @property
     def num_keys(self) -> int:
@@ -185,7 +189,8 @@ def blocks(trace, at: int | None = None, changes: tuple[int, int | None] | None 
         yield b
 
 
-def part_blocks(trace, at: int | None = None, dictionary: frozenset = frozenset()
+def part_blocks(trace, at: int | None = None, dictionary: frozenset = frozenset(),
+                sums: frozenset = frozenset(), columns: frozenset | None = None
                 ) -> Iterator[Block]:
     """Blocks at ``at`` read straight off the stored layout, one per part, in key order:
     keys stay distinct (never expanded to one per row and found again), each val with
@@ -198,6 +203,10 @@ def part_blocks(trace, at: int | None = None, dictionary: frozenset = frozenset(
     one, and the blocks come from :func:`co_blocks`, which accumulates across them.
 
     ``dictionary``: val columns to hold as dictionary arrays (see :meth:`Part.read`).
+    ``sums``: numeric val columns the reader only sums per key: where a part can sum
+    them on their encoding (:meth:`Part.summed_layout`), its block carries them as
+    ``key_sums`` instead of in ``vals``. ``columns``: the other val columns the reader
+    needs (None: all); blocks may hold more.
     """
     trace._check_read_time(at)
     batches = [b for b in trace.spine.batches()
@@ -210,7 +219,7 @@ def part_blocks(trace, at: int | None = None, dictionary: frozenset = frozenset(
     for part in batches[0].parts:
         if part.num_updates == 0:
             continue
-        layout = part.stored_layout(dictionary)
+        layout, key_sums = part.summed_layout(dictionary, sums, columns)
         if layout is None:   # a resident part: its updates, reserved already
             upd, starts = part.read(dictionary)
             try:
@@ -220,7 +229,9 @@ def part_blocks(trace, at: int | None = None, dictionary: frozenset = frozenset(
             nbytes = upd.vals.nbytes if dictionary and upd.vals is not None else 0
         else:
             block = _layout_block(layout, at)
-            nbytes = _layout_bytes(layout)
+            if key_sums:   # one stored (time, diff): the counts are one constant
+                block = replace(block, key_sums=key_sums)
+            nbytes = _layout_bytes(layout) + sum(x.nbytes for x in key_sums.values())
         ctx.reserve(nbytes, "decoded part")
         try:
             if len(block):
@@ -238,11 +249,11 @@ def _layout_bytes(layout: PartLayout) -> int:
 def _layout_block(layout: PartLayout, at: int | None) -> Block:
     """A part's layout as a Block at ``at``: each leaf's updates summed, zeros dropped."""
     keys, vals = layout.keys, layout.vals
-    n_leaves = vals.num_rows if vals is not None else keys.num_rows
     if vals is None:
         bounds = np.arange(keys.num_rows + 1, dtype=np.int64)
     else:
         bounds = layout.key_bounds.astype(np.int64)
+    n_leaves = int(bounds[-1])   # vals may hold no column (all summed, see part_blocks)
     if len(layout.times) == 1:
         # one stored (time, diff): every leaf is one update of it
         visible = at is None or int(layout.times[0]) <= at

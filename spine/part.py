@@ -144,6 +144,17 @@ class Part:
         may be absent (None): every leaf is then one update of it."""
         return self._coded_layout(dictionary)
 
+    def summed_layout(self, dictionary: frozenset = frozenset(), sums: frozenset = frozenset(),
+                      columns: frozenset | None = None) -> tuple[PartLayout | None, dict]:
+        """:meth:`stored_layout`, with the val columns named in ``sums`` summed per key
+        rather than decoded where the part allows it: ``(layout, {column: per-key sums})``.
+
+        A part can when it holds one stored (time, diff), every val one update of it, and
+        the column's encoding sums runs of values without decoding them
+        (``codecs.segment_sums``): the layout then lacks that column. ``columns``: the
+        other val columns the reader needs (None: all); the layout may hold more."""
+        return self.stored_layout(dictionary), {}
+
     def _coded_layout(self, dictionary: frozenset) -> PartLayout:
         layout = self.layout()
         if not dictionary:
@@ -175,18 +186,43 @@ class PagedPart(Part):
         return _expand(self.stored_layout(dictionary))
 
     def stored_layout(self, dictionary: frozenset = frozenset()) -> PartLayout:
+        return self.summed_layout(dictionary)[0]
+
+    def summed_layout(self, dictionary: frozenset = frozenset(), sums: frozenset = frozenset(),
+                      columns: frozenset | None = None) -> tuple[PartLayout, dict]:
+        val_schema = self.schemas[1]
+        names = [] if val_schema is None else [
+            f for f in val_schema.names if columns is None or f in columns or f in sums]
+        key_sums = {}
         try:
             cols = self._decode(("times", "diffs"), None)
             # under one stored (time, diff) the leaf bounds say nothing: not even decoded
             singleton = len(cols["times"]) == 1
-            keyed = not singleton or self.columns.get("vals") is not None
-            rest = ("keys", "vals") + (("key_bounds",) if keyed else ()) + \
+            keyed = not singleton or val_schema is not None
+            rest = ("keys",) + (("key_bounds",) if keyed else ()) + \
                 (() if singleton else ("val_bounds",))
-            cols.update((k, v) for k, v in self._decode(rest, None, dictionary).items()
-                        if k in rest)
+            cols.update((k, v) for k, v in self._decode(rest, None).items() if k in rest)
+            if singleton and sums and val_schema is not None:
+                key_sums = self._key_sums(sums, cols["key_bounds"])
+                names = [f for f in names if f not in key_sums]
+            if val_schema is not None:
+                cols["vals"] = self._decode(("vals",), None, dictionary, names)["vals"]
         finally:
             self.release()  # the bytes were copied out (or failed to): let the pages go
-        return self._assemble(cols, dictionary=dictionary)
+        return self._assemble(cols, dictionary=dictionary, val_names=names), key_sums
+
+    def _key_sums(self, sums: frozenset, key_bounds: np.ndarray) -> dict[str, np.ndarray]:
+        """Per-key sums of the ``sums`` columns whose encoding can sum its runs."""
+        from arrangedb.spine.storage import column_segment_sums  # storage imports part
+
+        starts = key_bounds[:-1].astype(np.int64)
+        out = {}
+        for f, group in zip(self.schemas[1].names, self.columns["vals"]):
+            if f in sums:
+                got = column_segment_sums(self.pagefile, group, starts)
+                if got is not None:
+                    out[f] = got
+        return out
 
     def layout(self) -> PartLayout:
         # a scan reads each block once: through the cache it would only evict the blocks
@@ -211,7 +247,9 @@ class PagedPart(Part):
                 cols[name] = _Rows(self, self.columns[name][0])
         return self._assemble(cols, tables=False)
 
-    def _decode(self, names, cache, dictionary: frozenset = frozenset()) -> dict:
+    def _decode(self, names, cache, dictionary: frozenset = frozenset(),
+                val_names: list | None = None) -> dict:
+        """``val_names``: the val columns to decode (None: all)."""
         from arrangedb.spine.storage import decode_column  # storage imports part
 
         cols = dict.fromkeys(_FIELDS)
@@ -219,24 +257,27 @@ class PagedPart(Part):
             groups = self.columns.get(name)
             if groups is None:
                 continue
-            if name == "vals" and dictionary:
+            if name == "vals" and (dictionary or val_names is not None):
                 fields = self.schemas[1].names
                 arrays = [as_dictionary(decode_column(self.pagefile, g, cache, True))
                           if f in dictionary else decode_column(self.pagefile, g, cache)
-                          for f, g in zip(fields, groups)]
+                          for f, g in zip(fields, groups)
+                          if val_names is None or f in val_names]
             else:
                 arrays = [decode_column(self.pagefile, g, cache) for g in groups]
             cols[name] = arrays if name in ("keys", "vals") else arrays[0]
         return cols
 
-    def _assemble(self, cols: dict, tables: bool = True,
-                  dictionary: frozenset = frozenset()) -> PartLayout:
+    def _assemble(self, cols: dict, tables: bool = True, dictionary: frozenset = frozenset(),
+                  val_names: list | None = None) -> PartLayout:
         key_schema, val_schema = self.schemas
         keys = _table(cols["keys"], key_schema)
         vals = cols["vals"]
-        if tables:
-            vals = (_table(vals, dictionary_schema(val_schema, dictionary))
-                    if val_schema is not None else None)
+        if tables and val_schema is not None:
+            schema = dictionary_schema(val_schema, dictionary)
+            if val_names is not None:
+                schema = pa.schema([schema.field(f) for f in val_names])
+            vals = _table(vals, schema)
         return PartLayout(keys, cols["key_bounds"], vals, cols["val_bounds"],
                           cols["times"], cols["diffs"])
 

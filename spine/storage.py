@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from arrangedb.codecs import (CodecError, choose_codec, decode, decode_dictionary, decodes_fresh,
-                              encode, take, take_dictionary, zstd_blocks)
+                              encode, segment_sums, take, take_dictionary, zstd_blocks)
 from arrangedb.codecs.base import lookup
 from arrangedb.spine.layout import PartLayout
 from arrangedb.spine.part import PagedPart, boundary_key, payload_bytes
@@ -120,6 +120,14 @@ def decode_column(pagefile, group: dict, cache=None, dictionary: bool = False):
         if out is not None:
             return out
     return decode(group["codec"], group["version"], group["meta"], buffers)
+
+
+def column_segment_sums(pagefile, group: dict, starts: np.ndarray) -> np.ndarray | None:
+    """Per-segment sums of one column of a part, summed on its encoding straight from the
+    mapping (the sums are new arrays: nothing to copy out first); None when the codec
+    cannot sum without decoding (see ``codecs.segment_sums``)."""
+    return segment_sums(group["codec"], group["version"], group["meta"],
+                        _mapped(pagefile, group), starts)
 
 
 def take_column(pagefile, group: dict, rows: np.ndarray, cache=None,
