@@ -151,15 +151,16 @@ def _bincount_groups(chunk: pa.Table, by: list[str], cols: dict) -> pa.Table | N
     if len(by) != 1 or not pa.types.is_dictionary(chunk.schema.field(by[0]).type):
         return None
     n = chunk.num_rows
-    for c in cols.values():
-        if c is not None and c.dtype.kind in "iu" and len(c) and \
+    distinct = {id(c): c for c in cols.values() if c is not None}   # one pass per array
+    for c in distinct.values():
+        if c.dtype.kind in "iu" and len(c) and \
                 max(abs(int(c.max())), abs(int(c.min()))) * n >= 2**53:
             return None
     column = chunk.column(by[0])
     dictionary = column.chunk(0).dictionary   # unified: one dictionary for all chunks
     k = len(dictionary)
     rows = np.zeros(k + 1, np.int64)
-    sums = {p: np.zeros(k + 1) for p, c in cols.items() if c is not None}
+    sums = {i: np.zeros(k + 1) for i in distinct}
     lo = 0
     for part in column.chunks:   # chunk by chunk: the codes are never concatenated
         codes = (part.indices.fill_null(0) if part.null_count else part.indices).to_numpy(
@@ -171,8 +172,8 @@ def _bincount_groups(chunk: pa.Table, by: list[str], cols: dict) -> pa.Table | N
             codes[part.is_null().to_numpy(zero_copy_only=False)] = k
         hi = lo + len(codes)
         rows += np.bincount(codes, minlength=k + 1)
-        for p, total in sums.items():
-            total += np.bincount(codes, weights=cols[p][lo:hi], minlength=k + 1)
+        for i, total in sums.items():
+            total += np.bincount(codes, weights=distinct[i][lo:hi], minlength=k + 1)
         lo = hi
     present = np.flatnonzero(rows)
     out = {by[0]: dictionary.take(pa.array(present, pa.int64(), mask=present == k))}
@@ -180,7 +181,7 @@ def _bincount_groups(chunk: pa.Table, by: list[str], cols: dict) -> pa.Table | N
         if c is None:
             out[p] = pa.array(rows[present])
         else:
-            total = sums[p][present]
+            total = sums[id(c)][present]
             out[p] = pa.array(total.astype(np.int64) if c.dtype.kind in "iu" else total)
     return pa.table(out)
 

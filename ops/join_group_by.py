@@ -118,6 +118,8 @@ class _KeyPartials:
 
         if unit is None:
             n_rows = per_key(counts.astype(np.int64))
+        elif unit == 1 and odd_key is None:
+            n_rows = rows   # the same array: partials equal by identity are grouped once
         else:
             n_rows = rows * unit
             if odd_key is not None:
@@ -167,8 +169,9 @@ def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: _Partials
     def emit(got: list, bb: Block) -> Iterator[pa.RecordBatch]:
         keys = (got[0][0] if len(got) == 1
                 else pa.concat_tables([k for k, _ in got]).combine_chunks())
-        sums = {p: np.concatenate([s[p] for _, s in got]) if len(got) > 1 else got[0][1][p]
-                for p in got[0][1]}
+        sums = got[0][1]
+        if len(got) > 1:
+            sums = _per_array(sums, lambda x, p: np.concatenate([s[p] for _, s in got]))
         li, ri = match_keys(keys, bb.keys)
         if len(li):
             groups, cols = _pairs(keys, bb, li, ri, by, where, b_side, sums)
@@ -209,7 +212,19 @@ def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: _Partials
 
 def _cut(item: tuple, lo: int, hi: int) -> tuple:
     keys, sums = item
-    return keys.slice(lo, hi - lo), {p: x[lo:hi] for p, x in sums.items()}
+    return keys.slice(lo, hi - lo), _per_array(sums, lambda x, p: x[lo:hi])
+
+
+def _per_array(sums: dict, fn) -> dict:
+    """``fn(array, partial)`` for each partial, once per array: partials that share one
+    array (a count and a sum's valid rows, over a column without nulls) keep sharing
+    it, so the grouping sums it once."""
+    done, out = {}, {}
+    for p, x in sums.items():
+        if id(x) not in done:
+            done[id(x)] = fn(x, p)
+        out[p] = done[id(x)]
+    return out
 
 
 def _pairs(akeys: pa.Table, bb: Block, li: np.ndarray, ri: np.ndarray, by: list[str],
@@ -226,8 +241,11 @@ def _pairs(akeys: pa.Table, bb: Block, li: np.ndarray, ri: np.ndarray, by: list[
     # B's counts weigh every partial but v, which counts rows present
     weight = int(bb.counts[0]) if is_constant(bb.counts) else bb.counts[rows]
     unit = isinstance(weight, int) and weight == 1
-    cols = {p: x[akey] if unit or p.endswith("__v") else x[akey] * weight
-            for p, x in sums.items()}
+    if unit:
+        cols = _per_array(sums, lambda x, p: x[akey])
+    else:
+        cols = {p: x[akey] if p.endswith("__v") else x[akey] * weight
+                for p, x in sums.items()}
     if isinstance(akey, slice):
         akey = np.arange(akey.start, akey.stop, dtype=np.int64)
     groups = {}
