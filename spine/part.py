@@ -282,10 +282,8 @@ class PagedPart(Part):
                           cols["times"], cols["diffs"])
 
     def release(self) -> None:
-        for regions in self.columns.values():
-            for group in regions:
-                for r in group["regions"]:
-                    self.pagefile.release(r)
+        self.pagefile.release_all([r for groups in self.columns.values() for group in groups
+                                   for r in group["regions"]])
 
 
 def _table(columns: list | None, schema: pa.Schema) -> pa.Table:

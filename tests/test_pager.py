@@ -493,6 +493,23 @@ def test_mapped_regions_are_charged_on_buffer_and_uncharged_on_release(spill, fl
     assert b.held == 0
 
 
+def test_release_all_gives_back_several_regions_at_once(spill, flat_budget):
+    """A part's regions released together: each charged one uncharged once, regions not
+    named stay charged and readable, and the released ones read back from the file."""
+    b = flat_budget("64MiB")
+    data = {n: np.full(3000 + 5000 * i, i, np.int64) for i, n in enumerate("abcd")}
+    pf = write_page_file(spill, data, budget=b)
+    views = {n: pf.numpy(n, np.int64) for n in "abcd"}
+    size = {n: v.nbytes for n, v in data.items()}
+    assert b.held == sum(size.values())
+    assert pf.release_all(["c", "a", "b", "a"]) == size["a"] + size["b"] + size["c"]
+    assert b.held == size["d"] and pf.release_all(["a", "b"]) == 0
+    for n in "abcd":
+        assert np.array_equal(views[n], data[n])
+    assert pf.release_all([]) == 0 and pf.release() == size["d"] and b.held == 0
+    pf.close()
+
+
 def test_resident_set_releases_least_recently_mapped_regions_for_room(spill, flat_budget):
     b = flat_budget(3 * MiB)
     data = {n: np.full(MiB // 8, i, np.int64) for i, n in enumerate("abcd")}
