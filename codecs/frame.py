@@ -53,10 +53,10 @@ def for_plan(vals: np.ndarray, valid) -> dict:
     n = len(vals)
     live = vals if valid is None else vals[valid]
     if len(live) == 0:
-        return {"form": "for", "base": 0, "width": 0, "nbytes": 0}
+        return {"form": "for", "base": 0, "width": 0, "span": 0, "nbytes": 0}
     lo, hi = int(live.min()), int(live.max())
     width = narrow_uint(hi - lo).itemsize if hi != lo else 0
-    plan = {"form": "for", "base": lo, "width": width, "nbytes": n * width}
+    plan = {"form": "for", "base": lo, "width": width, "span": hi - lo, "nbytes": n * width}
     if valid is None and n > 2 and width > 1 and not (vals[1:] < vals[:-1]).any():
         u = _unsigned(vals.dtype)
         deltas = np.diff(vals.view(u))
@@ -81,6 +81,8 @@ class FrameOfReference(Codec):
         vals, valid, meta = got[:3]
         plan = for_plan(vals, valid)
         meta.update(form=plan["form"], base=plan["base"], width=plan["width"])
+        if plan["form"] == "for":
+            meta["span"] = plan["span"]   # the largest residual (for segment sums)
         if plan["form"] == "stride":
             meta["step"] = plan["step"]
         buffers = []
@@ -146,21 +148,31 @@ def int_segment_sums(meta, buffers, starts: np.ndarray) -> np.ndarray | None:
         base -= 2 ** bits
     base = np.uint64(base % 2 ** 64).view(np.int64)   # int64 arithmetic wraps, as the sum would
     n = meta_length(meta)
-    lengths = np.diff(np.append(starts, n))
     if not len(starts):
         return np.zeros(0, np.int64)
+    ends = np.empty_like(starts)
+    ends[:-1] = starts[1:]
+    ends[-1] = n
+    lengths = ends - starts
     if meta["width"] == 0:
         expect_buffers(buffers, 0)
         return lengths * base
     expect_buffers(buffers, 1)
     resid = view_as(buffers[0], f"u{meta['width']}", n, "for residuals")
-    # a running sum and one difference per segment: reduceat pays ~20 ns per segment,
-    # three times this when segments are short (a key's few rows). int64 wraps, and the
-    # differences with it: each sum comes out modulo 2**64, as adding the values would
-    running = np.empty(n + 1, np.int64)
+    # A running sum and one difference per segment: reduceat pays ~20 ns per segment,
+    # three times this when segments are short (a key's few rows). The running sum wraps,
+    # and the differences with it: int64 gives each sum modulo 2**64, as adding the
+    # values would; uint32 (a third faster) gives it exactly when no segment's residuals
+    # can reach 2**32, which the largest residual (``span``, recorded since) tells.
+    span = meta.get("span")
+    narrow = isinstance(span, int) and int(lengths.max()) * span < 1 << 32
+    acc = np.uint32 if narrow else np.int64
+    running = np.empty(n + 1, acc)
     running[0] = 0
-    np.cumsum(resid, dtype=np.int64, out=running[1:])
-    sums = np.diff(running[starts], append=running[n])
+    np.cumsum(resid, dtype=acc, out=running[1:])
+    sums = running[ends] - running[starts]
+    if narrow:
+        sums = sums.astype(np.int64)
     sums += lengths * base
     return sums
 
