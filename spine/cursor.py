@@ -16,7 +16,7 @@ array operation, and neither side is ever held whole.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -228,9 +228,7 @@ def part_blocks(trace, at: int | None = None, dictionary: frozenset = frozenset(
                 part.release()
             nbytes = upd.vals.nbytes if dictionary and upd.vals is not None else 0
         else:
-            block = _layout_block(layout, at)
-            if key_sums:   # one stored (time, diff): the counts are one constant
-                block = replace(block, key_sums=key_sums)
+            block = _layout_block(layout, at, key_sums)
             nbytes = _layout_bytes(layout) + sum(x.nbytes for x in key_sums.values())
         ctx.reserve(nbytes, "decoded part")
         try:
@@ -242,12 +240,15 @@ def part_blocks(trace, at: int | None = None, dictionary: frozenset = frozenset(
 
 def _layout_bytes(layout: PartLayout) -> int:
     arrays = [layout.key_bounds, layout.val_bounds, layout.times, layout.diffs]
-    return (layout.keys.nbytes + (layout.vals.nbytes if layout.vals is not None else 0)
+    # whole buffers (a paged part decodes whole arrays; a slice would count high)
+    return (layout.keys.get_total_buffer_size()
+            + (layout.vals.get_total_buffer_size() if layout.vals is not None else 0)
             + sum(a.nbytes for a in arrays if a is not None and not is_constant(a)))
 
 
-def _layout_block(layout: PartLayout, at: int | None) -> Block:
-    """A part's layout as a Block at ``at``: each leaf's updates summed, zeros dropped."""
+def _layout_block(layout: PartLayout, at: int | None, key_sums: dict | None = None) -> Block:
+    """A part's layout as a Block at ``at``: each leaf's updates summed, zeros dropped.
+    ``key_sums`` come only with a layout of one stored (time, diff)."""
     keys, vals = layout.keys, layout.vals
     if vals is None:
         bounds = np.arange(keys.num_rows + 1, dtype=np.int64)
@@ -261,7 +262,7 @@ def _layout_block(layout: PartLayout, at: int | None) -> Block:
         if not visible or counts[0] == 0:
             return Block(keys.slice(0, 0), np.zeros(1, np.int64),
                          None if vals is None else vals.slice(0, 0), np.zeros(0, np.int64))
-        return Block(keys, bounds, vals, counts)
+        return Block(keys, bounds, vals, counts, key_sums=key_sums or None)
     leaves = layout.val_bounds if vals is not None else layout.key_bounds
     idx, per_leaf = _leaf_update_index(leaves)
     times = layout.times if idx is None else layout.times[idx]
