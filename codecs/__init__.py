@@ -127,7 +127,7 @@ def segment_sums(codec: str, version: int, meta: dict, buffers, starts) -> np.nd
     starts = np.asarray(starts, np.int64)
     n = encoded_length(meta)
     if n is None or (len(starts) and (starts[0] != 0 or starts[-1] >= n
-                                      or (np.diff(starts) <= 0).any())):
+                                      or (starts[1:] <= starts[:-1]).any())):
         raise CodecError(f"segment starts must rise strictly from 0 within {n} elements")
     with _reading(codec, version, meta):
         return chosen.segment_sums(version, meta, list(buffers), starts)

@@ -150,10 +150,10 @@ def int_segment_sums(meta, buffers, starts: np.ndarray) -> np.ndarray | None:
     n = meta_length(meta)
     if not len(starts):
         return np.zeros(0, np.int64)
-    ends = np.empty_like(starts)
-    ends[:-1] = starts[1:]
-    ends[-1] = n
-    lengths = ends - starts
+    edges = np.empty(len(starts) + 1, np.int64)
+    edges[:-1] = starts
+    edges[-1] = n
+    lengths = edges[1:] - edges[:-1]
     if meta["width"] == 0:
         expect_buffers(buffers, 0)
         return lengths * base
@@ -170,7 +170,8 @@ def int_segment_sums(meta, buffers, starts: np.ndarray) -> np.ndarray | None:
     running = np.empty(n + 1, acc)
     running[0] = 0
     np.cumsum(resid, dtype=acc, out=running[1:])
-    sums = running[ends] - running[starts]
+    at_edges = running[edges]
+    sums = at_edges[1:] - at_edges[:-1]
     if narrow:
         sums = sums.astype(np.int64)
     sums += lengths * base
