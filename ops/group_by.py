@@ -152,13 +152,20 @@ def _bincount_groups(chunk: pa.Table, by: list[str], cols: dict) -> pa.Table | N
         return None
     n = chunk.num_rows
     distinct = {id(c): c for c in cols.values() if c is not None}   # one pass per array
-    for c in distinct.values():
-        if c.dtype.kind in "iu" and len(c) and \
-                max(abs(int(c.max())), abs(int(c.min()))) * n >= 2**53:
-            return None
+    positive = None   # an integer partial >= 1 on every row: its totals show the groups
+    for i, c in distinct.items():
+        if c.dtype.kind in "iu" and len(c):
+            least, most = int(c.min()), int(c.max())
+            if max(abs(most), abs(least)) * n >= 2**53:
+                return None
+            if least >= 1 and positive is None:
+                positive = i
     column = chunk.column(by[0])
     dictionary = column.chunk(0).dictionary   # unified: one dictionary for all chunks
     k = len(dictionary)
+    # rows per group: counted only when a partial needs them, or no partial tells which
+    # groups have rows (a bincount less per chunk)
+    count_rows = positive is None or any(c is None for c in cols.values())
     rows = np.zeros(k + 1, np.int64)
     sums = {i: np.zeros(k + 1) for i in distinct}
     lo = 0
@@ -171,11 +178,12 @@ def _bincount_groups(chunk: pa.Table, by: list[str], cols: dict) -> pa.Table | N
         if part.null_count:
             codes[part.is_null().to_numpy(zero_copy_only=False)] = k
         hi = lo + len(codes)
-        rows += np.bincount(codes, minlength=k + 1)
+        if count_rows:
+            rows += np.bincount(codes, minlength=k + 1)
         for i, total in sums.items():
             total += np.bincount(codes, weights=distinct[i][lo:hi], minlength=k + 1)
         lo = hi
-    present = np.flatnonzero(rows)
+    present = np.flatnonzero(rows if count_rows else sums[positive])
     out = {by[0]: dictionary.take(pa.array(present, pa.int64(), mask=present == k))}
     for p, c in cols.items():
         if c is None:
