@@ -230,14 +230,17 @@ def _per_array(sums: dict, fn) -> dict:
 def _pairs(akeys: pa.Table, bb: Block, li: np.ndarray, ri: np.ndarray, by: list[str],
            where: dict, b_side: int, sums: dict) -> tuple[dict, dict]:
     """Group columns and partials of each (A key, B row) pair of matched keys."""
-    first = bb.key_bounds[ri].astype(np.int64)
-    b_rows = bb.key_bounds[ri + 1].astype(np.int64) - first
-    if len(b_rows) and b_rows.max() == 1:   # a dimension: one row per key
-        rows, akey = first, li
-        if li[-1] - li[0] == len(li) - 1:   # distinct and consecutive: no gather
-            akey = slice(int(li[0]), int(li[-1]) + 1)
+    if len(bb) == bb.num_keys:   # a dimension: one row per key, key i's row is row i
+        rows, akey = ri, li
     else:
-        rows, akey = ranges(first, b_rows), np.repeat(li, b_rows)
+        first = bb.key_bounds[ri].astype(np.int64)
+        b_rows = bb.key_bounds[ri + 1].astype(np.int64) - first
+        if len(b_rows) and b_rows.max() == 1:   # each matched key one row
+            rows, akey = first, li
+        else:
+            rows, akey = ranges(first, b_rows), np.repeat(li, b_rows)
+    if akey is li and len(li) and li[-1] - li[0] == len(li) - 1:
+        akey = slice(int(li[0]), int(li[-1]) + 1)   # distinct and consecutive: no gather
     # B's counts weigh every partial but v, which counts rows present
     weight = int(bb.counts[0]) if is_constant(bb.counts) else bb.counts[rows]
     unit = isinstance(weight, int) and weight == 1
