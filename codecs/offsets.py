@@ -69,6 +69,28 @@ class Offsets(Codec):
         n = meta_length(meta)
         return self.decode_range(version, meta, buffers, 0, n)
 
+    def take(self, version, meta, buffers, rows):
+        # strides and constants are computed at the rows, narrow offsets gathered from
+        # their buffer: no decode of the whole list (a lookup's few keys of a part)
+        check(meta["kind"] == "numpy", "offsets encode numpy arrays only")
+        dt = meta_dtype(meta)
+        check(dt.kind in "iu", f"offsets of dtype {dt}")
+        form = meta["form"]
+        if form == "stride":
+            expect_buffers(buffers, 0)
+            return _take_stride(dt, meta["start"], meta["step"], rows)
+        if form == "const":
+            expect_buffers(buffers, 0)
+            return np.full(len(rows), meta["value"], dtype=dt)
+        if form == "narrow":
+            expect_buffers(buffers, 1)
+            width = meta["width"]
+            check(width in (1, 2, 4, 8), f"bad width {width!r}")
+            stored_dt = dt if width == dt.itemsize else np.dtype(f"u{width}")
+            stored = view_as(buffers[0], stored_dt, meta_length(meta), "offsets")[rows]
+            return stored if stored_dt == dt else stored.astype(dt)
+        return super().take(version, meta, buffers, rows)
+
     def decode_range(self, version, meta, buffers, start, stop):
         check(meta["kind"] == "numpy", "offsets encode numpy arrays only")
         dt = meta_dtype(meta)
@@ -99,6 +121,13 @@ class Offsets(Codec):
             np.cumsum(np.repeat(deltas, counts), dtype=dt, out=out[1:])
             out[1:] += out[0]
         return out[start:stop]
+
+
+def _take_stride(dt: np.dtype, first: int, step: int, rows: np.ndarray) -> np.ndarray:
+    out = rows.astype(dt)
+    out *= dt.type(step)
+    out += dt.type(first)
+    return out
 
 
 def _stride(dt: np.dtype, first: int, step: int, start: int, stop: int) -> np.ndarray:

@@ -125,10 +125,25 @@ class Part:
     def layout(self) -> PartLayout:
         raise NotImplementedError
 
-    def lookup_layout(self, dictionary: frozenset = frozenset()) -> PartLayout:
+    def lookup_layout(self, dictionary: frozenset = frozenset(), dense: bool = False
+                      ) -> PartLayout:
         """The layout for ``select_keys``; call ``release()`` once done with it.
-        ``dictionary``: val columns to take as dictionary arrays (see :meth:`read`)."""
+        ``dictionary``: val columns to take as dictionary arrays (see :meth:`read`).
+        ``dense``: the caller knows the keys are dense (:meth:`dense_first_key`) and
+        only takes keys at positions; a paged part then does not read them."""
         return self._coded_layout(dictionary)
+
+    def dense_first_key(self) -> int | None:
+        """The first key when the part's keys are every integer from its first to its
+        last key (dense ids): key i is then ``first + i``, found without reading the
+        keys. None otherwise. Judged from the boundary keys a part keeps in memory."""
+        if self.num_keys == 0 or self.first_key.num_columns != 1 \
+                or not pa.types.is_integer(self.first_key.schema.field(0).type):
+            return None
+        lo, hi = self.first_key.column(0)[0].as_py(), self.last_key.column(0)[0].as_py()
+        if hi - lo != self.num_keys - 1 or lo < -2**63 or hi >= 2**63:
+            return None
+        return lo
 
     def read(self, dictionary: frozenset = frozenset()) -> tuple[Updates, np.ndarray]:
         """The part's updates, one row each, and where each key's rows start.
@@ -233,19 +248,31 @@ class PagedPart(Part):
             self.release()  # the bytes were copied out (or failed to): let the pages go
         return self._assemble(cols)
 
-    def lookup_layout(self, dictionary: frozenset = frozenset()) -> PartLayout:
+    def lookup_layout(self, dictionary: frozenset = frozenset(), dense: bool = False
+                      ) -> PartLayout:
         # one stored (time, diff): decoded (one element each), and the leaf bounds, which
         # then say nothing, are not
         singleton = _stored_length(self.columns["times"][0]) == 1
-        cols = self._decode(("keys", "key_bounds") + (
-            ("times", "diffs") if singleton else ("val_bounds",)), self.cache)
+        # dense keys are computed, not read; key bounds of one form (a dimension's one
+        # val per key: a stride) are computed at the rows indexed, not decoded whole
+        computed = dense and self.columns["key_bounds"][0]["meta"].get("form") in (
+            "stride", "const")
+        cols = self._decode((() if dense else ("keys",)) + (() if computed else ("key_bounds",))
+                            + (("times", "diffs") if singleton else ("val_bounds",)),
+                            self.cache)
         key_schema, val_schema = self.schemas
         if self.columns.get("vals") is not None:
             cols["vals"] = _RowsTable(self, self.columns["vals"], val_schema, dictionary)
         if not singleton:
             for name in ("times", "diffs"):
                 cols[name] = _Rows(self, self.columns[name][0])
-        return self._assemble(cols, tables=False)
+        if computed:
+            cols["key_bounds"] = _Rows(self, self.columns["key_bounds"][0])
+        if dense:
+            cols["keys"] = [pa.array([], key_schema.field(0).type)]   # replaced below
+        layout = self._assemble(cols, tables=False)
+        return replace(layout, keys=_DenseKeys(self.dense_first_key(), key_schema)) \
+            if dense else layout
 
     def _decode(self, names, cache, dictionary: frozenset = frozenset(),
                 val_names: list | None = None) -> dict:
@@ -312,6 +339,18 @@ class _Rows:
 
         return take_column(self.part.pagefile, self.group, np.asarray(rows, np.int64),
                            self.part.cache)
+
+
+class _DenseKeys:
+    """The keys of a part holding every integer from ``first`` on: key i is first + i."""
+
+    def __init__(self, first: int, schema: pa.Schema):
+        self.first, self.schema = first, schema
+
+    def take(self, rows) -> pa.Table:
+        values = np.asarray(rows, np.int64) + np.int64(self.first)
+        field_ = self.schema.field(0)
+        return pa.table([pa.array(values).cast(field_.type)], schema=self.schema)
 
 
 class _RowsTable:

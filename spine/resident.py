@@ -65,7 +65,8 @@ class ResidentPart(Part):
     def stored_layout(self, dictionary: frozenset = frozenset()) -> None:
         return None   # held as updates: ``read`` hands them over without a decode
 
-    def lookup_layout(self, dictionary: frozenset = frozenset()) -> PartLayout:
+    def lookup_layout(self, dictionary: frozenset = frozenset(), dense: bool = False
+                      ) -> PartLayout:
         """The updates as a layout without compacting them: each row its own leaf (a
         val repeated at several times is then several leaves, which a lookup sums
         alike). Costs a take of the distinct keys, not ``to_layout``'s sort-aware pass."""

@@ -374,12 +374,17 @@ class Trace:
             lo, hi = int(edges[p]), int(edges[p + 1])
             qsel = np.arange(lo, hi)
             part = batch.parts[p]
-            layout = part.lookup_layout(dictionary)
+            first = part.dense_first_key()
+            layout = part.lookup_layout(dictionary, dense=first is not None)
             try:
-                pkeys = layout.keys
-                qk = uq.slice(lo, hi - lo).rename_columns(pkeys.column_names)
-                pc_, qc_ = codes([pkeys, qk], self.key_names)
-                pos, hit = _positions(pc_, qc_)
+                qk = uq.slice(lo, hi - lo)
+                if first is not None:   # key i is first + i: no keys to read or search
+                    pos, hit = _dense_positions(first, part.num_keys, qk.column(0))
+                else:
+                    pkeys = layout.keys
+                    pc_, qc_ = codes([pkeys, qk.rename_columns(pkeys.column_names)],
+                                     self.key_names)
+                    pos, hit = _positions(pc_, qc_)
                 if not hit.any():
                     continue
                 upd, owner = select_keys(layout, pos)
@@ -557,6 +562,17 @@ def _positions(sorted_codes: np.ndarray, queries: np.ndarray) -> tuple[np.ndarra
     pos = np.searchsorted(sorted_codes, queries)
     hit = (pos < n) & (sorted_codes[np.minimum(pos, n - 1)] == queries)
     return pos[hit], hit
+
+
+def _dense_positions(first: int, n: int, queries) -> tuple[np.ndarray, np.ndarray]:
+    """Positions of integer queries among the keys first, first + 1, ..., first + n - 1,
+    and which were found."""
+    q = queries.to_numpy() if not isinstance(queries, pa.ChunkedArray) \
+        else queries.combine_chunks().to_numpy()
+    # uint64 queries beyond int64 wrap to negatives: below an unsigned first key, missed
+    q = q.astype(np.int64, copy=False)
+    hit = (q >= first) & (q <= first + n - 1)
+    return q[hit] - np.int64(first), hit
 
 
 def _record_batch(schema: pa.Schema, keys: pa.Table, vals: pa.Table | None,

@@ -153,6 +153,56 @@ def test_public_names():
         assert getattr(arrangedb, name) is not None
 
 
+@pytest.mark.parametrize("key_type, first", [(pa.int8(), -100), (pa.int32(), -7),
+                                             (pa.int64(), 10**12), (pa.uint64(), 2**63 - 100_000)])
+@pytest.mark.parametrize("history", ["one batch", "updated", "merged"])
+def test_lookups_in_dense_id_parts_find_keys_without_reading_them(tmp_path, monkeypatch,
+                                                                  key_type, first, history):
+    """A part whose keys are every integer of a range (a dimension's ids) is looked up by
+    offset from its first key, its keys and one-val-per-key bounds never decoded whole:
+    the rows equal the snapshot's, for queries in and out of range (beyond int64 too)."""
+    import importlib
+    trace_mod = importlib.import_module("arrangedb.spine.trace")
+    dense_calls = []
+    real = trace_mod._dense_positions
+    monkeypatch.setattr(trace_mod, "_dense_positions",
+                        lambda *a: dense_calls.append(1) or real(*a))
+    rng = np.random.default_rng(11)
+    n = 100_000 if key_type != pa.int8() else 128   # several parts of 256 KiB
+    keys = pa.array(np.arange(n, dtype=np.int64) + first if first < 2**62
+                    else [first + i for i in range(n)], key_type)
+    engine = Engine(spill_dir=tmp_path, memory_budget="16MiB")
+    t = engine.arrange(pa.table({"k": keys, "v": rng.integers(0, 50, n)}),
+                       key=["k"], vals=["v"])
+    if history != "one batch":
+        some = keys.take(pa.array(rng.choice(n, n // 10, replace=False)))
+        t.insert(pa.table({"k": some, "v": rng.integers(50, 60, len(some)),
+                           "time": pa.array(np.ones(len(some), np.uint64)),
+                           "diff": np.ones(len(some), np.int64)}), time="time", diff="diff")
+    if history == "merged":
+        t.merge_all()
+    assert t.stats()["parts"] > 1 or key_type == pa.int8()
+    hi = first + n - 1
+    wanted = [first - 5, first - 1, first, first + 1, hi - 1, hi, hi + 1, hi + 40]
+    wanted += [first + int(i) for i in rng.integers(0, n, 200)]
+    if key_type == pa.uint64():
+        wanted += [2**64 - 1, 2**63, 2**63 - 1]
+    info = (np.iinfo(np.int8) if key_type == pa.int8() else None)
+    if info is not None:
+        wanted = [w for w in wanted if info.min <= w <= info.max]
+    queries = pa.table({"k": pa.array(wanted, key_type)})
+    for at in (0, 1) if history != "one batch" else (0,):
+        got = t.lookup(queries, at=at).to_pydict()
+        snap = t.snapshot(at).read_all().to_pydict()
+        rows = {}
+        for k, v, c in zip(snap["k"], snap["v"], snap["count"]):
+            rows.setdefault(k, []).append((v, c))
+        expected = sorted((i, k, v, c) for i, k in enumerate(wanted) for v, c in rows.get(k, []))
+        assert sorted(zip(got["query_index"], got["k"], got["v"], got["count"])) == expected
+    engine.close()
+    assert dense_calls   # the parts' keys were found by offset
+
+
 @pytest.mark.parametrize("history", ["one batch", "two batches", "merged"])
 def test_lookup_of_sorted_distinct_keys_matches_the_general_path(engine, history):
     """Sorted distinct queries (a join's) skip the sort and, from one batch at one time,
