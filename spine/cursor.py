@@ -100,10 +100,14 @@ def _snapshot_block(upd: Updates, at: int | None, single_source: bool = False,
 
 
 def _changes_block(upd: Updates, since: int, upto: int | None, frontier: int,
-                   single_source: bool = False, starts: np.ndarray | None = None) -> Block:
+                   single_source: bool = False, starts: np.ndarray | None = None,
+                   runs: int = 1) -> Block:
+    """``runs``: how many sorted runs ``upd`` concatenates (one per source batch; their
+    order survives advancing times to the frontier, which is monotone)."""
     # times not yet advanced by a merge are reported as a merge would: max(time, frontier)
     if not (single_source and (len(upd) == 0 or upd.times.min() >= frontier)):
-        upd, starts = consolidate(upd, frontier), None  # one batch's are consolidated already
+        # one batch's are consolidated already
+        upd, starts = consolidate(upd, frontier, presorted_runs=runs), None
     kept = filter_times(upd, since, upto)
     return _block(kept.keys, kept.vals, kept.diffs, kept.times,
                   starts if kept is upd else None)
@@ -167,7 +171,7 @@ def co_blocks(traces: list, at: int | None = None,
             single = len(mine) == 1
             upd, starts = mine[0] if single else (step_updates(step, i), None)
             out.append(_snapshot_block(upd, at, single, bag, starts) if changes is None
-                       else _changes_block(upd, *changes, t.since, single, starts))
+                       else _changes_block(upd, *changes, t.since, single, starts, len(mine)))
         for first in runs or [out[0]]:
             block = (first, *out[1:])
             if any(len(b) for b in block):
