@@ -179,9 +179,10 @@ class Dictionary(Codec):
             return None
         n = meta_length(meta)
         bitmap, codes_buf, dictionary = _parts(meta, buffers, n, 0, n)
-        codes = _int32_codes(codes_buf, meta, n, len(dictionary))[rows]
+        # only the rows' codes and validity bits are read, never the whole part's
+        codes = _codes_at(codes_buf, meta, n, len(dictionary), rows)
         mask = (None if bitmap is None else
-                np.unpackbits(bitmap[: (n + 7) // 8], bitorder="little")[rows] == 0)
+                (bitmap[rows >> 3] >> (rows & 7).astype(np.uint8)) & 1 == 0)
         return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32(), mask=mask),
                                               dictionary, safe=False)
 
@@ -216,6 +217,25 @@ def _int32_codes(codes_buf, meta: dict, n: int, k: int) -> np.ndarray:
     if k == 0:
         return np.zeros(n, np.int32)
     return gather(np.arange(k, dtype=np.int32), codes_buf, meta["code_bits"], n, 0, n)
+
+
+def _codes_at(codes_buf, meta: dict, n: int, k: int, rows: np.ndarray) -> np.ndarray:
+    """The codes at ``rows`` (in range) as int32, read from the packed codes where they
+    lie (code i of a byte of sub-byte codes sits at bit i * width, low bits first);
+    zeros for an empty dictionary. Each code read is checked < k."""
+    if k == 0:
+        return np.zeros(len(rows), np.int32)
+    bits = meta["code_bits"]
+    check(bits in (1, 2, 4, 8, 16, 32), f"bad code width {bits!r} bits")
+    if bits >= 8:
+        codes = view_as(codes_buf, f"u{bits // 8}", n, "dict codes")[rows]
+    else:
+        per = 8 // bits
+        packed = view_as(codes_buf, np.uint8, -(-n // per), "dict codes")
+        shifts = ((rows % per) * bits).astype(np.uint8)
+        codes = (packed[rows // per] >> shifts) & np.uint8((1 << bits) - 1)
+    check(len(codes) == 0 or int(codes.max()) < k, "dict code out of range")
+    return codes.astype(np.int32)
 
 
 def _any_valid(bitmap: np.ndarray, n: int) -> bool:
