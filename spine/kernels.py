@@ -43,6 +43,22 @@ def _indices(idx: np.ndarray, n: int) -> np.ndarray | None:
     return idx
 
 
+def _nonzero_sums(sorted_diffs: np.ndarray, order: np.ndarray, starts: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """(the first row of each group of equal rows, its summed diff), groups summing to
+    zero dropped. Every row its own group (a delta of distinct rows) and none zero:
+    ``order`` and the diffs as they are, no gathers."""
+    if len(starts) == len(order):
+        nonzero = sorted_diffs != 0
+        if nonzero.all():
+            return order, sorted_diffs
+        keep = np.flatnonzero(nonzero)
+        return order[keep], sorted_diffs[keep]
+    sums = np.add.reduceat(sorted_diffs, starts)
+    keep = np.flatnonzero(sums != 0)
+    return order[starts[keep]], sums[keep]
+
+
 def consolidate(upd: Updates, since: int | None = None, presorted_runs: bool | int = False
                 ) -> Updates:
     """Sort by (key, val, time), sum diffs of equal rows, drop zero sums.
@@ -68,11 +84,7 @@ def consolidate(upd: Updates, since: int | None = None, presorted_runs: bool | i
         rows = order
         sums = constant(diffs[0], n, np.int64)
     else:
-        d_s = diffs[order]
-        sums = d_s if len(starts) == n else np.add.reduceat(d_s, starts)
-        keep = np.flatnonzero(sums != 0)
-        rows = order[starts[keep]]
-        sums = sums[keep]
+        rows, sums = _nonzero_sums(diffs[order], order, starts)
     taken = _indices(rows, n)
     keys, vals = (upd.keys, upd.vals) if taken is None else upd.take_payload(taken)
     out_times = constant(times[0], len(rows), np.uint64) if constant_time else times[rows]
@@ -93,13 +105,10 @@ def accumulate(upd: Updates, at: int | None) -> tuple[pa.Table, pa.Table | None,
         return upd.keys, upd.vals, upd.diffs
     kc, vcs = _key_val_codes(upd)
     order, starts = sort_rows(kc, vcs, None, presorted_runs=True)
-    d_s = upd.diffs[order]
-    sums = d_s if len(starts) == n else np.add.reduceat(d_s, starts)
-    keep = np.flatnonzero(sums != 0)
-    rows = order[starts[keep]]
+    rows, sums = _nonzero_sums(upd.diffs[order], order, starts)
     taken = _indices(rows, n)
     keys, vals = (upd.keys, upd.vals) if taken is None else upd.take_payload(taken)
-    return keys, vals, sums[keep]
+    return keys, vals, sums
 
 
 def filter_times(upd: Updates, since: int, upto: int | None) -> Updates:
