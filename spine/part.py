@@ -255,24 +255,23 @@ class PagedPart(Part):
         singleton = _stored_length(self.columns["times"][0]) == 1
         # dense keys are computed, not read; key bounds of one form (a dimension's one
         # val per key: a stride) are computed at the rows indexed, not decoded whole
-        computed = dense and self.columns["key_bounds"][0]["meta"].get("form") in (
+        bounds = self.columns.get("key_bounds")
+        computed = dense and bounds is not None and bounds[0]["meta"].get("form") in (
             "stride", "const")
         cols = self._decode((() if dense else ("keys",)) + (() if computed else ("key_bounds",))
                             + (("times", "diffs") if singleton else ("val_bounds",)),
                             self.cache)
         key_schema, val_schema = self.schemas
+        if dense:
+            cols["keys"] = _DenseKeys(self.dense_first_key(), key_schema)
+        if computed:
+            cols["key_bounds"] = _Rows(self, bounds[0])
         if self.columns.get("vals") is not None:
             cols["vals"] = _RowsTable(self, self.columns["vals"], val_schema, dictionary)
         if not singleton:
             for name in ("times", "diffs"):
                 cols[name] = _Rows(self, self.columns[name][0])
-        if computed:
-            cols["key_bounds"] = _Rows(self, self.columns["key_bounds"][0])
-        if dense:
-            cols["keys"] = [pa.array([], key_schema.field(0).type)]   # replaced below
-        layout = self._assemble(cols, tables=False)
-        return replace(layout, keys=_DenseKeys(self.dense_first_key(), key_schema)) \
-            if dense else layout
+        return self._assemble(cols, tables=False)
 
     def _decode(self, names, cache, dictionary: frozenset = frozenset(),
                 val_names: list | None = None) -> dict:
@@ -298,7 +297,9 @@ class PagedPart(Part):
     def _assemble(self, cols: dict, tables: bool = True, dictionary: frozenset = frozenset(),
                   val_names: list | None = None) -> PartLayout:
         key_schema, val_schema = self.schemas
-        keys = _table(cols["keys"], key_schema)
+        keys = cols["keys"]
+        if isinstance(keys, list):   # else computed (_DenseKeys)
+            keys = _table(keys, key_schema)
         vals = cols["vals"]
         if tables and val_schema is not None:
             schema = dictionary_schema(val_schema, dictionary)
