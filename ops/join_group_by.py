@@ -169,9 +169,7 @@ def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: _Partials
     def emit(got: list, bb: Block) -> Iterator[pa.RecordBatch]:
         keys = (got[0][0] if len(got) == 1
                 else pa.concat_tables([k for k, _ in got]).combine_chunks())
-        sums = got[0][1]
-        if len(got) > 1:
-            sums = _per_array(sums, lambda x, p: np.concatenate([s[p] for _, s in got]))
+        sums = got[0][1] if len(got) == 1 else _concatenated([s for _, s in got])
         li, ri = match_keys(keys, bb.keys)
         if len(li):
             groups, cols = _pairs(keys, bb, li, ri, by, where, b_side, sums)
@@ -212,17 +210,31 @@ def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: _Partials
 
 def _cut(item: tuple, lo: int, hi: int) -> tuple:
     keys, sums = item
-    return keys.slice(lo, hi - lo), _per_array(sums, lambda x, p: x[lo:hi])
+    return keys.slice(lo, hi - lo), _per_array(sums, lambda x: x[lo:hi])
+
+
+def _concatenated(items: list[dict]) -> dict:
+    """The partials of several A parts end to end; partials that share one array in
+    every part share the concatenation (in only some parts -- rows counted once in one
+    part, twice in the next -- they do not)."""
+    joined, out = {}, {}
+    for p in items[0]:
+        arrays = [s[p] for s in items]
+        same = tuple(map(id, arrays))
+        if same not in joined:
+            joined[same] = np.concatenate(arrays)
+        out[p] = joined[same]
+    return out
 
 
 def _per_array(sums: dict, fn) -> dict:
-    """``fn(array, partial)`` for each partial, once per array: partials that share one
+    """``fn(array)`` for each partial, once per array: partials that share one
     array (a count and a sum's valid rows, over a column without nulls) keep sharing
     it, so the grouping sums it once."""
     done, out = {}, {}
     for p, x in sums.items():
         if id(x) not in done:
-            done[id(x)] = fn(x, p)
+            done[id(x)] = fn(x)
         out[p] = done[id(x)]
     return out
 
@@ -245,7 +257,7 @@ def _pairs(akeys: pa.Table, bb: Block, li: np.ndarray, ri: np.ndarray, by: list[
     weight = int(bb.counts[0]) if is_constant(bb.counts) else bb.counts[rows]
     unit = isinstance(weight, int) and weight == 1
     if unit:
-        cols = _per_array(sums, lambda x, p: x[akey])
+        cols = _per_array(sums, lambda x: x[akey])
     else:
         cols = {p: x[akey] if p.endswith("__v") else x[akey] * weight
                 for p, x in sums.items()}

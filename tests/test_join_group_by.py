@@ -179,6 +179,31 @@ def test_sums_on_the_encoding_match_duckdb(tmp_path_factory, monkeypatch, n, nke
                                    rtol=1e-12, atol=1e-9)
 
 
+def test_parts_counted_differently_are_gathered_apart(tmp_path, monkeypatch):
+    """Parts of one batch whose rows all count 1 before parts whose rows all count -1:
+    a count and a sum's valid rows are one array in the former, two in the latter
+    (-rows and rows), and the partials gathered across them for one block of the other
+    side keep them apart -- else the valid rows cancel and the sum reads as null."""
+    nkeys = 6_000   # the other side in one part, this one in several
+    rng = np.random.default_rng(8)
+    k = np.repeat(np.arange(nkeys), 20)   # as many rows counted 1 as counted -1
+    L = pa.table({"k": k, "x": rng.permutation(len(k)) - 7,
+                  "d": np.where(k < nkeys // 2, 1, -1).astype(np.int64)})
+    R = pa.table({"k": np.arange(nkeys), "g": pa.array(["all"] * nkeys)})
+    aggs = {"n": ("count", None), "s": ("sum", "x"), "m": ("mean", "x")}
+    with adb.Engine(spill_dir=tmp_path, memory_budget="16MiB") as e:
+        lt = e.arrange(L, key=["k"], vals=["x"], diff="d")
+        rt = e.arrange(R, key=["k"])
+        lt.merge_all()
+        assert len(lt.spine.batches()[0].parts) > 2 and len(rt.spine.batches()[0].parts) == 1
+        want = _plain(lt, rt, "g", aggs, None)
+        with monkeypatch.context() as m:
+            _no_join(m)
+            got = adb.join_group_by(lt, rt, by="g", aggs=aggs, engine=e).read_all()
+    assert want.column("s").null_count == 0
+    assert bag(_rounded(got)) == bag(_rounded(want))
+
+
 def test_bad_input_is_refused(engine):
     L = engine.arrange(pa.table({"k": [1, 2], "a": [1, 2]}), key=["k"])
     R = engine.arrange(pa.table({"k": [1, 2], "b": ["x", "y"]}), key=["k"])
