@@ -8,9 +8,9 @@ spine soon after. Paging it out costs a layout, an encoding and a write now, and
 decode and an expansion at every read; for a small batch that is most of the insert's
 cost. So, as an LSM tree's memtable, a run that ``Trace.insert`` sorts, of at most
 ``limit / 16`` bytes, is kept as one :class:`ResidentPart` holding the consolidated
-updates and their key starts, exactly what a read of a paged part produces. (A large
-insert sorts into several runs: each may stay while the share allows, and the spine
-soon merges them into page files.)
+updates and their key starts, exactly what a read of a paged part produces. (A larger
+insert sorts into runs cut to that size -- see ``ResidentBatches.room`` -- each staying
+while the share allows; the spine soon merges them into page files.)
 
 Resident bytes are reserved from the budget, together at most a quarter of it. They
 are not a cache that can be dropped: under pressure the budget's spiller writes the
@@ -127,6 +127,20 @@ class ResidentBatches:
         b = self.budget
         return (0 < nbytes <= self.batch_cap and self.bytes + nbytes <= self.total_cap
                 and b.held + nbytes <= b.limit // 2 and self._fits_rss(nbytes))
+
+    def room(self) -> int:
+        """Bytes the next run may hold and still be admitted (RSS aside): what a
+        resident-sized run is cut to, so that an insert of a few times the batch share
+        stays in memory as several runs instead of being paged out as one. 0 when less
+        than a quarter of the batch share is left: runs cut smaller only multiply."""
+        b = self.budget
+        room = min(self.batch_cap, self.total_cap - self.bytes, b.limit // 2 - b.held)
+        return room if room >= self.batch_cap // 4 else 0
+
+    def holds(self, batch: Batch) -> bool:
+        """Whether ``batch`` is one of the resident batches (not paged out)."""
+        with self._lock:
+            return id(batch) in self._held
 
     def _fits_rss(self, nbytes: int) -> bool:
         """RSS leaves room for ``nbytes`` more -- after handing freed memory back if it

@@ -44,6 +44,7 @@ _MERGE_FAN_IN = 8    # runs merged into one file at a time (one decoded part eac
 # order, distinct-row starts, allocator slack. Measured: 40M (int64, float64) rows in
 # runs of 3.9M peaked at ~89 bytes a row over a 16-byte input.
 _SORT_BYTES_PER_ROW = 72
+_STARTS_BYTES_PER_ROW = 8   # a resident run's key starts: one int64 per key, at most
 
 
 def _sort_cost(input_bytes: int, rows: int) -> int:
@@ -125,28 +126,40 @@ class Trace:
         if isinstance(data, (str, os.PathLike)):     # decode only the columns it needs
             schema, stream = open_batches(data, columns=cols.needed())
         run_bytes = self._run_bytes()
+        store = self.ctx.resident if resident else None
+        room = store.room() if store is not None else 0
         runs: list[Batch] = []
         buffered: list[Updates] = []
         size = rows = 0
 
         def seal():
             """Sort what is buffered into a run; its reservation passes to _seal_run."""
-            nonlocal buffered, size, rows, run_bytes
+            nonlocal buffered, size, rows, run_bytes, room
             reserved, size, rows = size, 0, 0
             runs.append(self._seal_run(buffered, reserved, resident))
             buffered = []
             run_bytes = self._run_bytes()
+            # runs cut to the resident room while they are kept: once one is paged out,
+            # small runs would only mean more merging
+            room = store.room() if store is not None and store.holds(runs[-1]) else 0
+
+        def too_big(nbytes: int, n: int) -> bool:
+            """Whether a run of ``n`` updates in ``nbytes`` is past its sort's share, or
+            past the resident room (as stored: updates and key starts)."""
+            return (_sort_cost(nbytes, n) > run_bytes
+                    or 0 < room < nbytes + _STARTS_BYTES_PER_ROW * n)
 
         try:
-            for rb in _pieces(stream, max(run_bytes // 4, 1)):
+            piece = run_bytes // 4 if not room else min(run_bytes, _sort_cost(room, 0)) // 4
+            for rb in _pieces(stream, max(piece, 1)):
                 upd = to_updates(rb, cols, self.key_schema, self.val_schema)
-                if buffered and _sort_cost(size + upd.nbytes, rows + len(upd)) > run_bytes:
-                    seal()   # this piece would take the run's sort past its share
+                if buffered and too_big(size + upd.nbytes, rows + len(upd)):
+                    seal()   # this piece would take the run past its share
                 self.ctx.reserve(upd.nbytes, "ingest buffer")
                 buffered.append(upd)
                 size += upd.nbytes
                 rows += len(upd)
-                if _sort_cost(size, rows) >= run_bytes:
+                if _sort_cost(size, rows) >= run_bytes or 0 < room <= size:
                     seal()
             if buffered:
                 seal()

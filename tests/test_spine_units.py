@@ -573,6 +573,31 @@ def test_resident_runs_stay_within_their_share_and_merges_release_them(tmp_path)
         assert tr.stats()["bytes_in_memory"] == 0
 
 
+def test_an_insert_of_a_few_batch_shares_stays_resident_as_several_runs(tmp_path):
+    """An insert larger than one resident batch may hold is cut into runs that each fit
+    it, while the resident share has room: nothing is written, and its changes read
+    back as they went in. (Cut only by the sort's share, its two runs would both be too
+    large to stay, and the whole insert would be paged out.)"""
+    from arrangedb import Engine
+
+    rng = np.random.default_rng(8)
+    with Engine(spill_dir=tmp_path, memory_budget="64MiB") as e:
+        tr = e.arrange(_delta(rng, 1000, 100, t=0), key=["k"], vals=["v"], time="time",
+                       diff="diff")
+        on_disk, batches = tr.stats()["bytes_on_disk"], len(tr.spine.batches())
+        delta = _delta(rng, 300_000, 1 << 30)     # ~10 MB: 2.4 batch shares of 4 MiB
+        tr.insert(delta)
+        runs = len(tr.spine.batches()) - batches
+        assert runs >= 3
+        assert tr.stats()["bytes_on_disk"] == on_disk
+        s = e.stats()
+        assert 0 < s["resident_bytes"] <= e.budget.limit // 4
+        assert s["resident_bytes"] == e.budget.held == tr.stats()["bytes_in_memory"]
+        assert _accumulated(tr.changes(1, 2).read_all()) == _accumulated(delta)
+        tr.merge_all()
+        assert e.stats()["resident_bytes"] == 0 and e.budget.held == 0
+
+
 def test_saving_a_trace_pages_out_its_resident_batches(tmp_path):
     from arrangedb import Engine
 
