@@ -10,13 +10,12 @@ trace and removes its spill directory.
 
 from __future__ import annotations
 
-import os
 
 import pyarrow as pa
 
 from arrangedb.pager import MemoryBudget, SpillDirectory
 from arrangedb.spine.context import StorageContext
-from arrangedb.spine.ingest import Columns, open_batches, target_schemas
+from arrangedb.spine.ingest import Columns, is_file_input, open_batches, target_schemas
 from arrangedb.spine.trace import Trace
 
 
@@ -44,12 +43,14 @@ class Engine:
             raise RuntimeError("the engine is closed")
         schema, stream = open_batches(data)
         cols = Columns.resolve(schema, key, vals, time, diff)
-        if isinstance(data, (str, os.PathLike)):     # decode only the columns it needs
-            schema, stream = open_batches(data, columns=cols.needed())
+        if is_file_input(data):   # the trace's build opens it again, reading what it needs
+            schema = pa.schema([schema.field(c) for c in cols.needed()])
+            source = data
+        else:
+            source = pa.RecordBatchReader.from_batches(schema, stream)
         key_schema, val_schema = target_schemas(schema, cols)
         trace = Trace(self.ctx, key_schema, val_schema, cols, name)
-        reader = pa.RecordBatchReader.from_batches(schema, stream)
-        trace.spine.insert_runs(trace._build(reader, cols.time, cols.diff))
+        trace.spine.insert_runs(trace._build(source, cols.time, cols.diff))
         self._traces.append(trace)
         return trace
 

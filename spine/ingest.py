@@ -11,6 +11,8 @@ batch becomes :class:`Updates` (times u64, diffs i64).
 from __future__ import annotations
 
 import os
+import threading
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -98,6 +100,72 @@ def open_batches(data, columns: list[str] | None = None
     raise SchemaError(
         f"unsupported input {type(data).__name__}: pass a pyarrow Table, RecordBatch, "
         "RecordBatchReader, an iterable of RecordBatches, or a Parquet path")
+
+
+def is_file_input(data) -> bool:
+    """Whether ``data`` names a Parquet file or directory, which arrangedb opens itself."""
+    return isinstance(data, (str, os.PathLike))
+
+
+def read_ahead(stream: Iterator[pa.RecordBatch], max_bytes: int
+               ) -> Iterator[pa.RecordBatch]:
+    """``stream``'s batches, the next ones decoded by a background thread meanwhile.
+
+    For a Parquet file the engine opened itself: decoding is pyarrow's C++, which
+    releases the GIL, so the thread reads while the caller sorts and encodes the run
+    before (on 40M rows, ~0.9 s of decoding hidden behind ~2.2 s of sorting). At most
+    ``max_bytes`` wait in the queue (or one batch, if larger), beside the one the thread
+    is decoding. The thread starts at the first batch asked for and is stopped and
+    joined when the caller stops iterating, early or not; an error in the stream is
+    raised to the caller after the batches before it.
+    """
+    cond = threading.Condition()
+    queue: deque[pa.RecordBatch] = deque()
+    state = {"bytes": 0, "done": False, "stop": False, "error": None}
+
+    def produce():
+        try:
+            for rb in stream:
+                with cond:
+                    while (queue and state["bytes"] + rb.nbytes > max_bytes
+                           and not state["stop"]):
+                        cond.wait()
+                    if state["stop"]:
+                        return
+                    queue.append(rb)
+                    state["bytes"] += rb.nbytes
+                    cond.notify_all()
+        except BaseException as e:   # handed to the consumer, raised there
+            state["error"] = e
+        finally:
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()   # the file is let go of now, not when the stream is collected
+            with cond:
+                state["done"] = True
+                cond.notify_all()
+
+    thread = threading.Thread(target=produce, name="arrangedb-read-ahead", daemon=True)
+    thread.start()
+    try:
+        while True:
+            with cond:
+                while not queue and not state["done"]:
+                    cond.wait()
+                if not queue:
+                    if state["error"] is not None:
+                        raise state["error"]
+                    return
+                rb = queue.popleft()
+                state["bytes"] -= rb.nbytes
+                cond.notify_all()
+            yield rb
+    finally:
+        with cond:
+            state["stop"] = True
+            queue.clear()
+            cond.notify_all()
+        thread.join()
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,7 @@ def test_arrange_accepts_every_input_kind(engine, tmp_path, kind):
     assert got.num_rows == 5000 and set(got["count"].to_pylist()) == {1}
     assert got["customer_id"].to_pylist() == sorted(t["customer_id"].to_pylist())
     assert sorted(got["order_id"].to_pylist()) == list(range(5000))
+    assert engine.budget.held == 0     # the ingest buffer and read-ahead are given back
 
 
 def test_pages_are_on_disk_and_stats_add_up(engine):
@@ -321,3 +322,93 @@ def test_distinct_rows_read_back_through_their_single_stored_update(engine, vals
     if vals:
         assert np.array_equal(snap["v"].to_numpy(), table["v"].to_numpy())
     assert len(expanded) >= 2 * len(t.spine.batches()[0].parts)   # cursor and snapshot
+
+
+class _Source:
+    """A stream of equal batches that counts what was pulled and whether it was closed."""
+
+    def __init__(self, n, fail_after=None):
+        self.n, self.fail_after = n, fail_after
+        self.pulled, self.closed = 0, False
+        self.batch = pa.record_batch({"k": np.arange(1000, dtype=np.int64)})
+
+    def __iter__(self):
+        try:
+            for i in range(self.n):
+                if i == self.fail_after:
+                    raise OSError("row group 3 is corrupt")
+                self.pulled += 1
+                yield self.batch
+        finally:
+            self.closed = True
+
+
+def _reading_threads():
+    import threading
+
+    return [t for t in threading.enumerate() if t.name == "arrangedb-read-ahead"]
+
+
+@pytest.mark.parametrize("batches_ahead", [0, 1, 3])
+def test_read_ahead_yields_every_batch_in_order_and_stays_within_its_bytes(batches_ahead):
+    """The thread decodes ahead while the caller works, but queues at most max_bytes
+    (one batch when that is less) beside the one it holds."""
+    import time
+
+    from arrangedb.spine.ingest import read_ahead
+
+    src = _Source(12)
+    size = src.batch.nbytes
+    bound = max(batches_ahead, 1) + 1
+    ahead_seen = []
+    got = 0
+    for rb in read_ahead(iter(src), batches_ahead * size):
+        assert rb is src.batch
+        got += 1
+        time.sleep(0.01)                       # the caller at work: the thread reads on
+        ahead_seen.append(src.pulled - got)
+    assert got == 12 and src.closed
+    assert max(ahead_seen) == bound            # it did read ahead, and no further
+    assert not _reading_threads()
+
+
+def test_read_ahead_raises_the_streams_error_after_the_batches_before_it():
+    from arrangedb.spine.ingest import read_ahead
+
+    src = _Source(10, fail_after=3)
+    got = []
+    with pytest.raises(OSError, match="row group 3 is corrupt"):
+        for rb in read_ahead(iter(src), 1 << 20):
+            got.append(rb)
+    assert len(got) == 3 and src.closed and not _reading_threads()
+
+
+def test_read_ahead_stopped_early_stops_its_thread_and_closes_the_stream():
+    from arrangedb.spine.ingest import read_ahead
+
+    src = _Source(1_000_000)
+    it = read_ahead(iter(src), 1 << 16)
+    assert next(it) is src.batch
+    it.close()
+    assert src.closed and not _reading_threads() and src.pulled < 100
+
+
+def test_a_corrupt_parquet_file_fails_its_arrange_and_leaves_the_engine_whole(engine,
+                                                                             tmp_path):
+    """A Parquet file whose later row group is damaged: the error read ahead by the
+    thread reaches arrange, nothing is held, and the engine's other traces still read."""
+    t = _orders(20_000)
+    kept = engine.arrange(t, key=["customer_id"], vals=["amount"])
+    path = tmp_path / "o.parquet"
+    pq.write_table(t, path, row_group_size=2000, compression="none")
+    raw = bytearray(path.read_bytes())
+    md = pq.ParquetFile(path).metadata
+    col = md.row_group(7).column(0)
+    start = col.data_page_offset
+    raw[start:start + col.total_compressed_size] = b"\xff" * col.total_compressed_size
+    path.write_bytes(bytes(raw))
+    with pytest.raises(OSError):
+        engine.arrange(str(path), key=["customer_id"], vals=["amount"])
+    assert engine.budget.held == 0 and not _reading_threads()
+    assert _snapshot_dict(kept) == _snapshot_dict(engine.arrange(t, key=["customer_id"],
+                                                                 vals=["amount"]))
