@@ -298,12 +298,13 @@ class MemoryBudget:
             self._last_rss = self.sample(fast=True)
         return self._last_rss
 
-    def trim_if_high(self) -> bool:
+    def trim_if_high(self, share: float = 0.5) -> bool:
         """Hand freed memory back to the OS (:func:`release_freed_memory`) only when RSS
-        over the baseline passes half the limit. A trim costs milliseconds, and memory
-        handed back is faulted in again by the next allocations: after every routine
-        step (a small insert, a short group_by) that is pure cost while RSS is low."""
-        if self.rss(fast=True) - self.baseline_rss <= self.limit // 2:
+        over the baseline passes ``share`` of the limit. A trim costs milliseconds, and
+        memory handed back is faulted in again by the next allocations: after every
+        routine step (a small insert, a short group_by) that is pure cost while RSS is
+        low."""
+        if self.rss(fast=True) - self.baseline_rss <= int(self.limit * share):
             return False
         release_freed_memory()
         return True

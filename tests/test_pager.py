@@ -894,3 +894,22 @@ def test_checksum_sees_misplaced_pages():
     swapped = data[4096:8192] + data[:4096] + data[8192:]
     assert checksum64(swapped) != checksum64(data)
     assert checksum64(b"") == 0
+
+
+@pytest.mark.parametrize("over, share, trims", [(0.6, 0.5, True), (0.4, 0.5, False),
+                                                (0.9, 1.0, False), (1.1, 1.0, True)])
+def test_freed_memory_is_handed_back_only_past_the_share_asked(monkeypatch, over, share,
+                                                               trims):
+    """A trim is faulted back in by the next allocations: a loop that trims as it goes
+    (group_by) asks for it only once RSS passes the budget, other callers past half."""
+    import arrangedb.pager.budget as budget_mod
+
+    calls = []
+    monkeypatch.setattr(budget_mod, "release_freed_memory", lambda: calls.append(1))
+    b = MemoryBudget("64MiB")
+    try:
+        monkeypatch.setattr(b, "rss", lambda fast=False: b.baseline_rss + int(b.limit * over))
+        assert b.trim_if_high(share=share) is trims
+        assert calls == ([1] if trims else [])
+    finally:
+        b.close()
