@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import textwrap
 
 import numpy as np
 import pyarrow as pa
@@ -412,3 +414,39 @@ def test_a_corrupt_parquet_file_fails_its_arrange_and_leaves_the_engine_whole(en
     assert engine.budget.held == 0 and not _reading_threads()
     assert _snapshot_dict(kept) == _snapshot_dict(engine.arrange(t, key=["customer_id"],
                                                                  vals=["amount"]))
+
+
+LOADING = textwrap.dedent("""
+    import json, sys
+    import numpy as np, pyarrow.parquet as pq
+    import arrangedb
+
+    with arrangedb.Engine(spill_dir=sys.argv[1], memory_budget="32MiB") as e:
+        import pyarrow as pa
+        start = e.budget.rss()
+        t = pa.table({"k": np.arange(2000) % 100, "v": np.arange(2000)})
+        pq.write_table(t, sys.argv[1] + "/t.parquet")
+        a = e.arrange(sys.argv[1] + "/t.parquet", key=["k"], vals=["v"])
+        c = e.arrange(pa.table({"k": np.arange(100), "r": np.arange(100) % 7}), key=["k"])
+        a.insert(t.append_column("time", pa.array(np.ones(2000, np.uint64))),
+                 time="time")
+        arrangedb.group_by(arrangedb.join(a, c), by="r", aggs={"n": ("count", None)},
+                           engine=e).read_all()
+        arrangedb.join(a, c, since=1, upto=2).read_all()
+        print(json.dumps({"grown": e.budget.rss() - start,
+                          "pandas": "pandas" in sys.modules}))
+""")
+
+
+def test_a_jobs_first_operations_load_no_code_inside_its_measurement(tmp_path):
+    """The first engine of a process loads the code its work needs (and pyarrow's
+    pandas import, on its first array) before its RSS baseline: a small job's first
+    arrange, insert, join and aggregation grow RSS by little, not by modules loaded."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", LOADING, str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["grown"] < 24 << 20, f"grew {r['grown'] >> 20} MiB"   # ~13; ~55 loading
