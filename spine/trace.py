@@ -164,7 +164,8 @@ class Trace:
                 buffered.append(upd)
                 size += upd.nbytes
                 rows += len(upd)
-                if _sort_cost(size, rows) >= run_bytes or 0 < room <= size:
+                if (_sort_cost(size, rows) >= run_bytes
+                        or 0 < room <= size + _STARTS_BYTES_PER_ROW * rows):
                     seal()
             if buffered:
                 seal()
