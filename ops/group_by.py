@@ -354,7 +354,7 @@ def _run(partials: _Partials, batches, engine, memory_budget, spill_dir, batch_r
                 # the next chunks fault those pages in again: trimming every 64 MiB of
                 # input cost a third of a 40M-row join, and trimming past half the
                 # budget, a join over 16 runs (a decoded part of each held) spent
-                # ~0.3 of its 1.3 s in faults at 512 MiB, ~0.3 of 1.6 at 128 MiB
+                # ~0.2 of its 1.3 s in faults at 512 MiB, ~0.3 of 1.6 at 128 MiB
                 budget.trim_if_high(share=1.0)
             part = first(chunk)
             held.append(part)
