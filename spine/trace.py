@@ -154,16 +154,41 @@ class Trace:
             return (_sort_cost(nbytes, n) > run_bytes
                     or 0 < room < nbytes + _STARTS_BYTES_PER_ROW * n)
 
+        def fitting(upd: Updates) -> int:
+            """How many of ``upd``'s rows the buffered run still has room for (fewer
+            than all: it is called when all would not fit)."""
+            per_row = upd.nbytes / len(upd)
+            k = (run_bytes - _sort_cost(size, rows)) / (2 * per_row + _SORT_BYTES_PER_ROW)
+            if room:
+                k = min(k, (room - size - _STARTS_BYTES_PER_ROW * rows)
+                        / (per_row + _STARTS_BYTES_PER_ROW))
+            k = int(max(0, min(k, len(upd) - 1)))
+            while k and too_big(size + upd.slice(0, k).nbytes, rows + k):
+                # a slice's bytes are not k average rows (bitmaps, uneven strings)
+                k -= max(1, k // 256)
+            return k
+
+        def buffer(upd: Updates) -> None:
+            nonlocal size, rows
+            self.ctx.reserve(upd.nbytes, "ingest buffer")
+            buffered.append(upd)
+            size += upd.nbytes
+            rows += len(upd)
+
         try:
             piece = run_bytes // 4 if not room else min(run_bytes, _sort_cost(room, 0)) // 4
             for rb in _pieces(stream, max(piece, 1)):
                 upd = to_updates(rb, cols, self.key_schema, self.val_schema)
                 if buffered and too_big(size + upd.nbytes, rows + len(upd)):
-                    seal()   # this piece would take the run past its share
-                self.ctx.reserve(upd.nbytes, "ingest buffer")
-                buffered.append(upd)
-                size += upd.nbytes
-                rows += len(upd)
+                    # the run takes the rows that fit its share, the rest starts the
+                    # next: runs cut at input batches were 10% short, and 40M rows
+                    # at 512 MiB sorted into 17 runs, one past the read fan-in
+                    k = fitting(upd)
+                    if k:
+                        buffer(upd.slice(0, k))
+                        upd = upd.slice(k, len(upd))
+                    seal()
+                buffer(upd)
                 if (_sort_cost(size, rows) >= run_bytes
                         or 0 < room <= size + _STARTS_BYTES_PER_ROW * rows):
                     seal()
