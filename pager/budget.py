@@ -182,7 +182,14 @@ class MemoryBudget:
                 self.peak_held = max(self.peak_held, self.held)
                 return
         self._pressure = False
-        self.spill(over)
+        reserved_over = self.held + nbytes - self.limit
+        if over > reserved_over:
+            # over by RSS, not by reservations: hand back what the allocators keep
+            # first -- it costs no data -- and spill only what that leaves
+            release_freed_memory()
+            over = max(reserved_over, self.sample(fast=True) - self.baseline_rss - self.limit)
+        if over > 0:
+            self.spill(over)
         with self._lock:
             if self.held + nbytes > self.limit:
                 raise BudgetExceeded(

@@ -134,7 +134,9 @@ class ResidentBatches:
         stays in memory as several runs instead of being paged out as one. 0 when less
         than a quarter of the batch share is left: runs cut smaller only multiply."""
         b = self.budget
-        room = min(self.batch_cap, self.total_cap - self.bytes, b.limit // 2 - b.held)
+        # admission counts the run's own input too, still reserved then: half of what
+        # is left under half the budget
+        room = min(self.batch_cap, self.total_cap - self.bytes, (b.limit // 2 - b.held) // 2)
         return room if room >= self.batch_cap // 4 else 0
 
     def holds(self, batch: Batch) -> bool:

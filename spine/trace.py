@@ -45,7 +45,7 @@ _MERGE_FAN_IN = 8    # runs merged into one file at a time (one decoded part eac
 # runs of 3.9M peaked at ~89 bytes a row over a 16-byte input.
 _SORT_BYTES_PER_ROW = 72
 _READ_AHEAD_SHARE = 16      # a Parquet input's batches decoded ahead: run_bytes / 16
-_STARTS_BYTES_PER_ROW = 8   # a resident run's key starts: one int64 per key, at most
+_STARTS_BYTES_PER_ROW = 8   # a resident run's key starts: an int64 per key and one more
 
 
 def _sort_cost(input_bytes: int, rows: int) -> int:
@@ -124,13 +124,13 @@ class Trace:
         schema, stream = open_batches(data)
         Columns.resolve(schema, self.key_names, self.val_names, time, diff)  # fail early
         cols = Columns(self.key_names, self.val_names or None, time, diff)
-        run_bytes = self._run_bytes()
         ahead = 0
         if is_file_input(data):   # decode only the columns it needs, while runs sort
             schema, stream = open_batches(data, columns=cols.needed())
-            ahead = max(1, run_bytes // _READ_AHEAD_SHARE)
+            ahead = max(1, self._run_bytes() // _READ_AHEAD_SHARE)
             self.ctx.reserve(ahead, "read-ahead")
             stream = read_ahead(stream, ahead)
+        run_bytes = self._run_bytes()   # beside what reading ahead holds
         store = self.ctx.resident if resident else None
         room = store.room() if store is not None else 0
         runs: list[Batch] = []
@@ -152,7 +152,7 @@ class Trace:
             """Whether a run of ``n`` updates in ``nbytes`` is past its sort's share, or
             past the resident room (as stored: updates and key starts)."""
             return (_sort_cost(nbytes, n) > run_bytes
-                    or 0 < room < nbytes + _STARTS_BYTES_PER_ROW * n)
+                    or 0 < room < nbytes + _STARTS_BYTES_PER_ROW * (n + 1))
 
         def fitting(upd: Updates) -> int:
             """How many of ``upd``'s rows the buffered run still has room for (fewer
@@ -160,7 +160,7 @@ class Trace:
             per_row = upd.nbytes / len(upd)
             k = (run_bytes - _sort_cost(size, rows)) / (2 * per_row + _SORT_BYTES_PER_ROW)
             if room:
-                k = min(k, (room - size - _STARTS_BYTES_PER_ROW * rows)
+                k = min(k, (room - size - _STARTS_BYTES_PER_ROW * (rows + 1))
                         / (per_row + _STARTS_BYTES_PER_ROW))
             k = int(max(0, min(k, len(upd) - 1)))
             while k and too_big(size + upd.slice(0, k).nbytes, rows + k):
@@ -190,15 +190,17 @@ class Trace:
                     seal()
                 buffer(upd)
                 if (_sort_cost(size, rows) >= run_bytes
-                        or 0 < room <= size + _STARTS_BYTES_PER_ROW * rows):
+                        or 0 < room <= size + _STARTS_BYTES_PER_ROW * (rows + 1)):
                     seal()
             if buffered:
                 seal()
         finally:
             self.ctx.release(size)
             if ahead:
-                stream.close()   # stops and joins the reading thread
-                self.ctx.release(ahead)
+                try:
+                    stream.close()   # stops and joins the reading thread
+                finally:
+                    self.ctx.release(ahead)
         if merge:
             runs = self._merge_down(runs)
         self.ctx.settle()   # sorting left big freed blocks with the allocators

@@ -353,21 +353,24 @@ def _reading_threads():
 
 @pytest.mark.parametrize("batches_ahead", [0, 1, 3])
 def test_read_ahead_yields_every_batch_in_order_and_stays_within_its_bytes(batches_ahead):
-    """The thread decodes ahead while the caller works, but queues at most max_bytes
-    (one batch when that is less) beside the one it holds."""
+    """The thread decodes ahead while the caller works, but only while less than
+    max_bytes wait (at least one batch): no batch is decoded before there is room."""
     import time
 
     from arrangedb.spine.ingest import read_ahead
 
     src = _Source(12)
     size = src.batch.nbytes
-    bound = max(batches_ahead, 1) + 1
+    bound = max(batches_ahead, 1)
     ahead_seen = []
     got = 0
     for rb in read_ahead(iter(src), batches_ahead * size):
         assert rb is src.batch
         got += 1
-        time.sleep(0.01)                       # the caller at work: the thread reads on
+        deadline = time.monotonic() + 2   # the caller at work: the thread reads on
+        while src.pulled - got < bound and src.pulled < 12 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(0.002)                 # and would read further, were it allowed to
         ahead_seen.append(src.pulled - got)
     assert got == 12 and src.closed
     assert max(ahead_seen) == bound            # it did read ahead, and no further
@@ -450,3 +453,15 @@ def test_a_jobs_first_operations_load_no_code_inside_its_measurement(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["grown"] < 24 << 20, f"grew {r['grown'] >> 20} MiB"   # ~13; ~55 loading
+
+
+def test_a_bad_batch_late_in_a_parquet_file_stops_the_reading_thread(engine, tmp_path):
+    """The caller refuses a batch (a null key past the first 256k rows) while the thread
+    reads ahead: arrange fails naming it, the thread is stopped, nothing stays held."""
+    n = 300_000
+    keys = pa.array(np.arange(n), mask=np.arange(n) == n - 1)
+    path = str(tmp_path / "late_null.parquet")
+    pq.write_table(pa.table({"k": keys, "v": np.arange(n)}), path)
+    with pytest.raises(SchemaError, match="null"):
+        engine.arrange(path, key=["k"], vals=["v"])
+    assert engine.budget.held == 0 and not _reading_threads()

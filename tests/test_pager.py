@@ -599,6 +599,27 @@ def test_rss_pressure_asks_spillers_at_the_next_reservation():
     b.close()
 
 
+
+def test_rss_pressure_hands_back_kept_memory_before_asking_spillers(monkeypatch):
+    """RSS over the limit from memory the allocators only keep: a trim relieves it, and
+    no resident data is paged out for it; what the trim does not relieve is spilled."""
+    import arrangedb.pager.budget as budget_mod
+
+    for kept, spilled in ((3 * MiB, 0), (MiB, MiB)):
+        b = MemoryBudget(MiB, sample_interval=0)
+        calls = []
+        b.add_spiller(lambda wanted: calls.append(wanted) or 0)
+        grown = {"rss": 3 * MiB}                 # over the limit by 2 MiB
+        b.rss = lambda fast=False: b.baseline_rss + grown["rss"]
+        monkeypatch.setattr(budget_mod, "release_freed_memory",
+                            lambda: grown.update(rss=grown["rss"] - kept))
+        b.sample()                               # the sampler sees it: pressure
+        b.reserve(10, "small")
+        assert (calls[0] if calls else 0) == spilled
+        assert b.held == 10
+        b.close()
+
+
 # -- spill directories ----------------------------------------------------------------------
 
 def test_spill_directory_is_private(spill_root):
