@@ -148,11 +148,13 @@ class Trace:
             # small runs would only mean more merging
             room = store.room() if store is not None and store.holds(runs[-1]) else 0
 
-        def too_big(nbytes: int, n: int) -> bool:
-            """Whether a run of ``n`` updates in ``nbytes`` is past its sort's share, or
-            past the resident room (as stored: updates and key starts)."""
-            return (_sort_cost(nbytes, n) > run_bytes
-                    or 0 < room < nbytes + _STARTS_BYTES_PER_ROW * (n + 1))
+        def excess(nbytes: int, n: int) -> float:
+            """How far a run of ``n`` updates in ``nbytes`` is past its sort's share, or
+            past the resident room (as stored: updates and key starts); <= 0 within."""
+            over = _sort_cost(nbytes, n) - run_bytes
+            if room:
+                over = max(over, nbytes + _STARTS_BYTES_PER_ROW * (n + 1) - room)
+            return over
 
         def fitting(upd: Updates) -> int:
             """How many of ``upd``'s rows the buffered run still has room for (fewer
@@ -163,7 +165,7 @@ class Trace:
                 k = min(k, (room - size - _STARTS_BYTES_PER_ROW * (rows + 1))
                         / (per_row + _STARTS_BYTES_PER_ROW))
             k = int(max(0, min(k, len(upd) - 1)))
-            while k and too_big(size + upd.slice(0, k).nbytes, rows + k):
+            while k and excess(size + upd.slice(0, k).nbytes, rows + k) > 0:
                 # a slice's bytes are not k average rows (bitmaps, uneven strings)
                 k -= max(1, k // 256)
             return k
@@ -179,7 +181,7 @@ class Trace:
             piece = run_bytes // 4 if not room else min(run_bytes, _sort_cost(room, 0)) // 4
             for rb in _pieces(stream, max(piece, 1)):
                 upd = to_updates(rb, cols, self.key_schema, self.val_schema)
-                if buffered and too_big(size + upd.nbytes, rows + len(upd)):
+                if buffered and excess(size + upd.nbytes, rows + len(upd)) > 0:
                     # the run takes the rows that fit its share, the rest starts the
                     # next: runs cut at input batches were 10% short, and 40M rows
                     # at 512 MiB sorted into 17 runs, one past the read fan-in
@@ -189,8 +191,7 @@ class Trace:
                         upd = upd.slice(k, len(upd))
                     seal()
                 buffer(upd)
-                if (_sort_cost(size, rows) >= run_bytes
-                        or 0 < room <= size + _STARTS_BYTES_PER_ROW * (rows + 1)):
+                if excess(size, rows) >= 0:   # full
                     seal()
             if buffered:
                 seal()
