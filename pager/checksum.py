@@ -1,24 +1,23 @@
-"""Region checksums at memory speed: position-weighted sums of 64-bit words.
+"""Region checksums: position-sensitive, at memory speed.
 
-zlib.crc32 runs at ~3 GB/s here, while mapping cached pages runs at ~30 GB/s and plain
-buffered I/O at ~4-10 GB/s: checking every region with it would make the checksum, not
-the disk, the pager's limit. This checksum is two sums numpy computes at memory speed:
-every 4 KiB page's words summed (mod 2^64), then those page sums added once plainly and
-once weighted by their page number, folded with the length.
+Page files of format version 3 checksum every region with XXH3-64 (``xxhash``): ~40 GB/s
+on cached pages here, faster than the sum it replaced and ~13x zlib.crc32 (~3 GB/s),
+and a function of every byte *and its position* -- swapped words, misplaced pages,
+flipped bits, truncation and extension all change it (random damage goes unseen with
+probability 2^-64). Checking every region as it is mapped therefore costs less than the
+read itself.
 
-What it catches: any change within one 64-bit word (so every flipped bit or byte, and
-every corruption confined to one word), truncation and extension (the length is in it),
-whole pages zeroed or misplaced (the page weights), and random damage with probability
-1 - 2^-64. What it does not promise: detection of deliberate tampering, or of two words
-swapped inside one page (a sum cannot see order within a page); neither is a failure
-mode of a local spill file.
+Version 2 files carry ``wsum64`` (:func:`wsum64`): two sums of 64-bit words, blind to
+two words swapped within one 4 KiB page. It is kept only to read those files.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import xxhash
 
-ALGORITHM = "wsum64"
+ALGORITHM = "xxh3_64"          # format version 3
+LEGACY_ALGORITHM = "wsum64"    # format version 2
 _PAGE_WORDS = 512   # 4 KiB
 _PAGE_BYTES = _PAGE_WORDS * 8
 _MASK = (1 << 64) - 1
@@ -52,6 +51,11 @@ def _fold(page_sums: np.ndarray, n: int) -> int:
 
 
 def checksum64(data) -> int:
-    """The checksum of a bytes-like object, as an unsigned 64-bit int."""
+    """The XXH3-64 checksum of a bytes-like object, as an unsigned 64-bit int."""
+    return xxhash.xxh3_64_intdigest(data)
+
+
+def wsum64(data) -> int:
+    """The version-2 checksum: position-weighted page sums of 64-bit words."""
     mv = memoryview(data).cast("B")
     return _fold(_page_sums(mv), mv.nbytes)

@@ -1,6 +1,6 @@
 """Page files: append-only files of 64-byte-aligned regions, written once, read by mmap.
 
-Format (version 2)
+Format (version 3)
 ------------------
 ::
 
@@ -13,9 +13,15 @@ Format (version 2)
 
 A writer streams regions into ``<name>.tmp`` as they come (nothing is buffered beyond the
 region being written), then writes the directory and the header and renames the file
-into place: a reader never sees a half-written file. A region's checksum
-(:mod:`arrangedb.pager.checksum`, at memory speed) is checked the first time it is mapped,
-so a flipped byte is caught before any decoder sees it.
+into place: a reader never sees a half-written file. A region's checksum (XXH3-64,
+:mod:`arrangedb.pager.checksum`, faster than the read itself) is checked before any
+decoder sees its bytes: the first time a :class:`PageFile` maps the region, and again
+after the budget dropped its pages under memory pressure, when they come back from the
+file. Version 2 files (``wsum64`` checksums) still read.
+
+Files are created with ``O_EXCL`` under names no other writer uses, and never written
+again once finished: nothing ever truncates or rewrites a file a reader may map.
+Disk operations go through :mod:`arrangedb.pager.diskio`, where tests inject faults.
 
 Residency
 ---------
@@ -52,12 +58,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.pager.checksum import checksum64
+from arrangedb.pager.checksum import checksum64, wsum64
+from arrangedb.pager.diskio import disk
 from arrangedb.pager.errors import PageFileError, SpillError
 from arrangedb.pager.sizes import format_size
 
 MAGIC = b"ARNGDBPG"
-VERSION = 2   # 2: region checksums are wsum64 (1 had crc32)
+VERSION = 3   # 3: region checksums are XXH3-64 (2: wsum64, still read; 1 had crc32)
+_CHECKSUMS = {2: wsum64, 3: checksum64}
 ALIGN = 64
 HEADER = struct.Struct("<8sIIQQI")   # magic, version, flags, dir offset, dir length, dir crc
 HEADER_SIZE = 64
@@ -102,15 +110,23 @@ def _page_span(offset: int, length: int) -> tuple[int, int]:
 
 
 class PageWriter:
-    """Streams regions into a new page file; ``finish()`` makes it visible atomically."""
+    """Streams regions into a new page file; ``finish()`` makes it visible atomically.
 
-    def __init__(self, spill, name_hint: str = "batch", path: str | None = None):
+    ``mode``: permission bits before the umask -- 0600 for private spill files, 0666
+    for files meant to be shared (saved traces). ``durable``: ``finish`` fsyncs the file
+    before it is renamed into place (the caller fsyncs the directory)."""
+
+    def __init__(self, spill, name_hint: str = "batch", path: str | None = None,
+                 mode: int = 0o600, durable: bool = False):
         self.spill = spill
         self.path = path or spill.new_path(name_hint)
         self._tmp = self.path + ".tmp"
         self.regions: dict[str, RegionInfo] = {}
+        self._durable = durable
+        self._fd = -1
+        self._done = True   # until the file exists: nothing to abort
         try:
-            self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            self._fd = disk().open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
         except OSError as e:
             raise self._spill_error(e, 0) from e
         self._pos = HEADER_SIZE
@@ -124,11 +140,6 @@ class PageWriter:
                                        f"{format_size(size)} more to {os.path.basename(self.path)}"
                                        f" (free space on that disk, or point spill_dir elsewhere)")
         return SpillError(e.errno, f"cannot write to spill directory {where!r}: {e.strerror}")
-
-    def _pwrite_all(self, view: memoryview, offset: int) -> None:
-        while len(view):
-            n = os.pwrite(self._fd, view, offset)
-            view, offset = view[n:], offset + n
 
     def add_region(self, name: str, data, codec: str = "plain", codec_version: int = 1,
                    meta: dict | None = None) -> RegionInfo:
@@ -145,7 +156,7 @@ class PageWriter:
             # (~10% faster scans here). The skipped bytes are a hole: no disk, no cache.
             self._pos = _align(self._pos, FOLIO if length >= FOLIO else PAGE)
         try:
-            self._pwrite_all(view, self._pos)
+            disk().write_all(self._fd, view, self._pos)
         except OSError as e:
             self.abort()
             raise self._spill_error(e, length) from e
@@ -163,33 +174,41 @@ class PageWriter:
         header = HEADER.pack(MAGIC, VERSION, 0, self._pos, len(directory), zlib.crc32(directory))
         header = header.ljust(HEADER_SIZE - 4, b"\0")
         header += struct.pack("<I", zlib.crc32(header))
+        if self._done:
+            raise ValueError(f"page file {self.path!r} is already finished")
+        io = disk()
         try:
-            self._pwrite_all(memoryview(directory), self._pos)
-            self._pwrite_all(memoryview(header), 0)
-            os.close(self._fd)
-            self._fd = -1
-            os.rename(self._tmp, self.path)
+            io.write_all(self._fd, directory, self._pos)
+            io.write_all(self._fd, header, 0)
+            if self._durable:
+                io.fsync(self._fd)
+            fd, self._fd = self._fd, -1
+            io.close(fd)
+            io.rename(self._tmp, self.path)
         except OSError as e:
             self.abort()
             raise self._spill_error(e, len(directory)) from e
         self._done = True
         if self.spill is not None:
             self.spill.bytes_written += self._written + len(directory)
-        return PageFile.open(self.path, budget=budget)
+        try:
+            return PageFile.open(self.path, budget=budget)
+        except BaseException:
+            disk().unlink_quietly(self.path)   # finished but never handed out: nobody reads it
+            raise
 
     def abort(self) -> None:
         """Drop the unfinished file; nothing of it becomes visible."""
+        if self._done and self._fd < 0:
+            return
         self._done = True
         if self._fd >= 0:
+            fd, self._fd = self._fd, -1
             try:
-                os.close(self._fd)
+                disk().close(fd)
             except OSError:
                 pass
-            self._fd = -1
-        try:
-            os.unlink(self._tmp)
-        except FileNotFoundError:
-            pass
+        disk().unlink_quietly(self._tmp)
 
     def __del__(self):
         if not getattr(self, "_done", True):
@@ -225,6 +244,8 @@ class ResidentSet:
                 self.budget.release(length, "mapped pages")
                 freed += length
                 continue
+            # its pages come back from the file, maybe from the disk: check them again
+            pf._verified.discard(name)
             freed += pf.release(name)
         self.sweep()
         return freed
@@ -239,10 +260,14 @@ class ResidentSet:
 class PageFile:
     """A finished page file, mapped read-only; regions come out as zero-copy views."""
 
-    def __init__(self, path: str, size: int, mm, regions: dict[str, RegionInfo], budget):
+    def __init__(self, path: str, size: int, mm, regions: dict[str, RegionInfo], budget,
+                 version: int = VERSION, directory_crc: int = 0):
         self.path = path
         self.size = size
         self.regions = regions
+        self.version = version
+        self.directory_crc = directory_crc   # identifies the file's contents (manifests)
+        self._checksum = _CHECKSUMS[version]
         self._mm = mm
         self._view = memoryview(mm) if mm is not None else memoryview(b"")
         self._verified: set[str] = set()
@@ -263,8 +288,9 @@ class PageFile:
     @classmethod
     def open(cls, path, budget=None) -> "PageFile":
         path = os.fspath(path)
+        io = disk()
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = io.open(path, os.O_RDONLY)
         except OSError as e:
             raise PageFileError(f"cannot open page file {path!r}: {e.strerror}") from e
         try:
@@ -280,9 +306,9 @@ class PageFile:
             (hcrc,) = struct.unpack_from("<I", header, HEADER_SIZE - 4)
             if zlib.crc32(header[: HEADER_SIZE - 4]) != hcrc:
                 raise PageFileError(f"page file {path!r}: header checksum mismatch (corrupt)")
-            if version != VERSION:
+            if version not in _CHECKSUMS:
                 raise PageFileError(f"page file {path!r} has format version {version}; this "
-                                    f"arrangedb reads version {VERSION}")
+                                    f"arrangedb reads version {VERSION} (and older ones from {min(_CHECKSUMS)})")
             if dir_off + dir_len > size:
                 raise PageFileError(f"page file {path!r} is truncated: directory ends at "
                                     f"{dir_off + dir_len} but the file has {size} bytes")
@@ -290,16 +316,24 @@ class PageFile:
             if zlib.crc32(directory) != dir_crc:
                 raise PageFileError(f"page file {path!r}: directory checksum mismatch (corrupt)")
             regions = {}
-            for r in json.loads(directory)["regions"]:
-                info = RegionInfo(**r)
-                if info.offset + info.length > dir_off:
-                    raise PageFileError(f"page file {path!r}, region {info.name!r}: extends "
-                                        f"past the data section (corrupt)")
-                regions[info.name] = info
-            mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else None
+            try:
+                entries = json.loads(directory)["regions"]
+                for r in entries:
+                    info = RegionInfo(**r)
+                    regions[info.name] = info
+            except (ValueError, KeyError, TypeError) as e:
+                raise PageFileError(f"page file {path!r}: unreadable directory ({e})") from e
+            for info in regions.values():
+                if info.offset < HEADER_SIZE or info.offset + info.length > dir_off:
+                    raise PageFileError(f"page file {path!r}, region {info.name!r}: lies "
+                                        f"outside the data section (corrupt)")
+            try:
+                mm = io.mmap(fd, 0) if size else None
+            except (OSError, ValueError) as e:
+                raise PageFileError(f"cannot map page file {path!r}: {e}") from e
         finally:
             os.close(fd)
-        return cls(path, size, mm, regions, budget)
+        return cls(path, size, mm, regions, budget, version, dir_crc)
 
     def _region(self, name: str) -> RegionInfo:
         try:
@@ -308,13 +342,14 @@ class PageFile:
             raise PageFileError(f"page file {self.path!r} has no region {name!r}") from None
 
     def buffer(self, name: str) -> memoryview:
-        """Zero-copy view of a region; checksum verified on first map; charged as resident."""
+        """Zero-copy view of a region, charged as resident; its checksum is verified on
+        its first map and after memory pressure dropped its pages (see the module)."""
         info = self._region(name)
         if self._mm is None or self._mm.closed:
             raise PageFileError(f"page file {self.path!r} is closed")
         view = self._view[info.offset: info.offset + info.length]
         if name not in self._verified:
-            if checksum64(view) != info.checksum:
+            if self._checksum(view) != info.checksum:
                 raise PageFileError(f"page file {self.path!r}, region {name!r}: checksum "
                                     f"mismatch (corrupt page file)")
             self._verified.add(name)
@@ -337,7 +372,7 @@ class PageFile:
         out = {}
         for name, info in self.regions.items():
             view = self._view[info.offset: info.offset + info.length]
-            out[name] = checksum64(view) == info.checksum
+            out[name] = self._checksum(view) == info.checksum
             self._advise(*_page_span(info.offset, info.length))
         return out
 

@@ -1,0 +1,127 @@
+"""The pager's disk operations, behind one replaceable object.
+
+Every write, fsync, rename, unlink and mmap that the pager and the persistence code make
+goes through :func:`disk`. Production uses :class:`DiskIO`, a thin pass-through to
+:mod:`os` and :mod:`mmap`. Tests install a subclass (:func:`using`) that fails the n-th
+operation or forgets writes that were never fsync'd -- the way SQLite's I/O-error tests
+and FoundationDB's simulation reach every failure point without a broken disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import mmap
+import os
+
+
+class DiskIO:
+    """Pass-through disk operations; subclasses inject faults."""
+
+    def open(self, path: str, flags: int, mode: int = 0o666) -> int:
+        return os.open(path, flags, mode)
+
+    def pwrite(self, fd: int, data, offset: int) -> int:
+        return os.pwrite(fd, data, offset)
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def rename(self, src: str, dst: str) -> None:
+        os.rename(src, dst)
+
+    def unlink(self, path: str) -> None:
+        os.unlink(path)
+
+    def copy_range(self, src_fd: int, dst_fd: int, count: int, offset: int) -> int:
+        """Copy bytes between files in the kernel (a reflink where the file system can):
+        none of them pass through this process's memory."""
+        try:
+            return os.copy_file_range(src_fd, dst_fd, count, offset, offset)
+        except OSError as e:
+            if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+        data = os.pread(src_fd, min(count, 8 << 20), offset)
+        return self.pwrite(dst_fd, data, offset) if data else 0
+
+    def mmap(self, fd: int, length: int) -> mmap.mmap:
+        return mmap.mmap(fd, length, access=mmap.ACCESS_READ)
+
+    def fsync_dir(self, path: str) -> None:
+        """Make the directory's entries (creations, renames, removals) durable."""
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            self.fsync(fd)
+        finally:
+            os.close(fd)
+
+    # -- composed from the operations above ----------------------------------------------
+    def write_all(self, fd: int, data, offset: int) -> None:
+        view = memoryview(data).cast("B")
+        while len(view):
+            n = self.pwrite(fd, view, offset)
+            view, offset = view[n:], offset + n
+
+    def copy_file(self, src: str, dst: str, mode: int = 0o666) -> int:
+        """Copy ``src`` into a new file ``dst`` (which must not exist), fsync'd; returns
+        the bytes copied. A partial copy is removed."""
+        src_fd = os.open(src, os.O_RDONLY)
+        try:
+            size = os.fstat(src_fd).st_size
+            fd = self.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+            try:
+                done = 0
+                while done < size:
+                    n = self.copy_range(src_fd, fd, size - done, done)
+                    if n <= 0:
+                        raise OSError(errno.EIO, f"{src!r} ended at {done} of {size} bytes")
+                    done += n
+                self.fsync(fd)
+            except BaseException:
+                self.close(fd)
+                self.unlink_quietly(dst)
+                raise
+            self.close(fd)
+            return size
+        finally:
+            os.close(src_fd)
+
+    def unlink_quietly(self, path: str) -> None:
+        try:
+            self.unlink(path)
+        except OSError:
+            pass   # gone already, or the disk refuses: nothing of it is visible either way
+
+    def write_file(self, path: str, data, mode: int = 0o666) -> None:
+        """Create ``path`` (which must not exist) with ``data``, fsync'd."""
+        fd = self.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        try:
+            self.write_all(fd, data, 0)
+            self.fsync(fd)
+        except BaseException:
+            self.close(fd)
+            self.unlink_quietly(path)
+            raise
+        self.close(fd)
+
+
+_disk = DiskIO()
+
+
+def disk() -> DiskIO:
+    """The disk operations in force."""
+    return _disk
+
+
+@contextlib.contextmanager
+def using(io: DiskIO):
+    """Run the block with ``io`` in force (tests: fault injection, power loss)."""
+    global _disk
+    previous, _disk = _disk, io
+    try:
+        yield io
+    finally:
+        _disk = previous
