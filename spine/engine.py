@@ -74,7 +74,7 @@ class Engine:
             source = pa.RecordBatchReader.from_batches(schema, stream)
         key_schema, val_schema = target_schemas(schema, cols)
         trace = Trace(self.ctx, key_schema, val_schema, cols, name)
-        trace.spine.insert_runs(trace._build(source, cols.time, cols.diff))
+        trace._add_runs(trace._build(source, cols.time, cols.diff))
         self._traces.append(trace)
         return trace
 

@@ -7,7 +7,11 @@ for the output. ``work(fuel)`` runs merge steps -- each a key range holding all 
 keys' updates from every input -- consolidating each step with times advanced to the
 merge's ``since`` (logical compaction), until the fuel (counted in input updates) is
 spent. No caller ever pays for a whole merge at once; a step may overshoot the fuel by
-at most one window, which is carried as debt.
+at most one window.
+
+A step that raises (a full disk, a reservation that does not fit) abandons the merge:
+its half-written output and its reservations go at once, ``failed`` is set, and the
+inputs -- never modified -- stay with whoever holds them (the spine starts a new merger).
 
 Invariants
 ----------
@@ -32,10 +36,11 @@ class Merger:
         self.since = since
         self.ctx = ctx
         first = batches[0]
+        self._result: Batch | None = None
+        self.failed = False
+        self.remaining = sum(len(b) for b in batches)
         self._builder = Builder(ctx, first.key_schema, first.val_schema)
         self._steps = iter(MergedReader(batches, ctx))
-        self._result: Batch | None = None
-        self.remaining = sum(len(b) for b in batches)
 
     @property
     def done(self) -> bool:
@@ -43,6 +48,16 @@ class Merger:
 
     def work(self, fuel: int) -> int:
         """Spend up to ``fuel`` units (input updates); return what is left (may be < 0)."""
+        if self.failed:
+            raise RuntimeError("this merge failed and was abandoned; start a new one")
+        try:
+            return self._work(fuel)
+        except BaseException:
+            self.failed = True
+            self.abort()
+            raise
+
+    def _work(self, fuel: int) -> int:
         while fuel > 0 and self._result is None:
             step = next(self._steps, None)
             if step is None:

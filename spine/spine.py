@@ -12,6 +12,15 @@ merge is finished first and its result moves up. ``exert`` spends fuel while idl
 with no merge in progress, starts one -- without it, retracted data would hold memory
 forever once inserts stop.
 
+Failure atomicity and readers: every change (``insert``, ``insert_runs``, ``exert``,
+``merge_all``, frontier moves) runs as a transaction over a copy of the level list.
+Readers never see it in progress: :meth:`batches` returns the batches of the last
+committed version, which a commit replaces in one assignment. A change that raises
+(a full disk in a merge, a budget that does not fit) restores the levels it started
+from: no input batch is dropped, a merge that failed is abandoned -- its output file
+and reservations go -- and is started afresh by the next fuel. Batches are immutable,
+so the version restored is exactly the one readers saw.
+
 Physical compaction: batches whose upper is beyond the physical frontier wait in
 ``pending`` and are not merged, so that readers who asked for those batch boundaries
 keep them. Logical compaction: every merge advances times to the logical frontier
@@ -26,6 +35,7 @@ insert of ``n`` updates pays ``O(n)`` merge work.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 from arrangedb.spine.batch import Batch
@@ -39,12 +49,17 @@ def level_of(n: int) -> int:
 
 @dataclass
 class Level:
+    """One batch, or the inputs of one merge (started lazily by :meth:`Spine._merger`,
+    and again after a failed attempt was abandoned)."""
+
     batches: list[Batch]
+    since: int = 0
+    compact: bool = False       # a lone batch merged with nothing, to compact it
     merger: Merger | None = None
 
     @property
     def merging(self) -> bool:
-        return self.merger is not None
+        return len(self.batches) > 1 or self.compact
 
 
 @dataclass
@@ -55,24 +70,64 @@ class Spine:
     physical: int | None = None         # physical compaction frontier (None: unbounded)
     levels: list[Level | None] = field(default_factory=list)
     pending: list[Batch] = field(default_factory=list)
+    _published: tuple = ()              # the batches of the last committed version
+    _depth: int = 0                     # transactions open (nested calls join the outer)
 
     # -- reading -------------------------------------------------------------------
     def batches(self) -> list[Batch]:
-        """Every batch a reader must see: settled, being merged (inputs), and pending."""
+        """Every batch a reader must see -- settled, being merged (inputs), pending --
+        as of the last committed change."""
+        return list(self._published)
+
+    def _current(self) -> tuple:
         out = []
         for lvl in self.levels:
             if lvl is not None:
                 out.extend(lvl.batches)
-        return out + list(self.pending)
+        return tuple(out + self.pending)
+
+    @contextlib.contextmanager
+    def _transaction(self):
+        """Apply a change completely, or not at all (see the module's Design)."""
+        if self._depth:
+            yield
+            return
+        levels, pending, since = list(self.levels), list(self.pending), self.since
+        self._depth += 1
+        try:
+            yield
+        except BaseException:
+            self.levels, self.pending, self.since = levels, pending, since
+            for lvl in self.levels:   # a merge that failed starts afresh next time
+                if lvl is not None and lvl.merger is not None and lvl.merger.failed:
+                    lvl.merger = None
+            raise
+        finally:
+            self._depth -= 1
+        self._published = self._current()
+
+    def _merger(self, lvl: Level) -> Merger:
+        if lvl.merger is None:
+            lvl.merger = Merger(lvl.batches, lvl.since, self.ctx)
+        return lvl.merger
+
+    def _merged(self, lvl: Level) -> Batch:
+        """The level's merge, finished (a level of one batch is that batch)."""
+        return self._merger(lvl).finish() if lvl.merging else lvl.batches[0]
 
     # -- writing -------------------------------------------------------------------
     def insert(self, batch: Batch) -> None:
         if len(batch) == 0:
             return
-        self.pending.append(batch)
-        self._consider_pending()
+        with self._transaction():
+            self.pending.append(batch)
+            self._consider_pending()
 
     def insert_runs(self, runs: list[Batch]) -> None:
+        with self._transaction():
+            self._insert_runs(runs)
+
+    def _insert_runs(self, runs: list[Batch]) -> None:
         """Insert sorted runs of one input as a merge in progress, not as a merged batch.
 
         The runs land together on the level their total size calls for, as the inputs of
@@ -94,14 +149,20 @@ class Spine:
         lvl = self.levels[index]
         if lvl is not None and lvl.merging:
             self.levels[index] = None
-            self._promote(lvl.merger.finish(), lvl.batches, index)
+            self._promote(self._merged(lvl), lvl.batches, index)
             lvl = self.levels[index]
         inputs = (lvl.batches if lvl is not None else []) + runs
-        self.levels[index] = Level(inputs, Merger(inputs, self.since, self.ctx))
+        self.levels[index] = Level(inputs, self.since)
+
+    def set_since(self, frontier: int) -> None:
+        """Advance the logical compaction frontier (merges started from now use it)."""
+        with self._transaction():
+            self.since = max(self.since, frontier)
 
     def set_physical(self, frontier: int | None) -> None:
-        self.physical = frontier
-        self._consider_pending()
+        with self._transaction():
+            self.physical = frontier
+            self._consider_pending()
 
     def _consider_pending(self) -> None:
         while self.pending and (self.physical is None or
@@ -120,7 +181,7 @@ class Spine:
         for i in range(min(index, len(self.levels))):
             lvl = self.levels[i]
             if lvl is not None:
-                below.append(lvl.merger.finish() if lvl.merging else lvl.batches[0])
+                below.append(self._merged(lvl))
                 self.levels[i] = None
         if not below:
             return
@@ -136,11 +197,10 @@ class Spine:
         if lvl is None:
             self.levels[index] = Level([batch])
         elif not lvl.merging:
-            pair = [lvl.batches[0], batch]
-            self.levels[index] = Level(pair, Merger(pair, self.since, self.ctx))
+            self.levels[index] = Level([lvl.batches[0], batch], self.since)
         else:
             self.levels[index] = Level([batch])
-            self._promote(lvl.merger.finish(), lvl.batches, index)
+            self._promote(self._merged(lvl), lvl.batches, index)
 
     def _promote(self, result: Batch, inputs: list[Batch], index: int) -> None:
         self._drop_inputs(inputs)
@@ -151,13 +211,18 @@ class Spine:
         for i in range(len(self.levels)):
             lvl = self.levels[i]
             if lvl is not None and lvl.merging:
-                lvl.merger.work(fuel)
-                if lvl.merger.done:
+                merger = self._merger(lvl)
+                merger.work(fuel)
+                if merger.done:
                     self.levels[i] = None
-                    self._promote(lvl.merger.result(), lvl.batches, i)
+                    self._promote(merger.result(), lvl.batches, i)
 
     def exert(self, fuel: int) -> None:
         """Spend ``fuel`` units of merge work, starting a merge if none is in progress."""
+        with self._transaction():
+            self._exert(fuel)
+
+    def _exert(self, fuel: int) -> None:
         if not any(lvl is not None and lvl.merging for lvl in self.levels):
             occupied = [i for i, lvl in enumerate(self.levels) if lvl is not None]
             if len(occupied) >= 2:
@@ -170,18 +235,19 @@ class Spine:
                 batch = self.levels[i].batches[0]
                 if batch.description.since < self.since:
                     # a lone batch behind the frontier: merge it with nothing to compact it
-                    self.levels[i] = Level([batch], Merger([batch], self.since, self.ctx))
+                    self.levels[i] = Level([batch], self.since, compact=True)
         self._apply_fuel(fuel)
 
     def merge_all(self) -> None:
         """Finish every merge and leave at most one settled batch (pending ones aside)."""
-        while True:
-            occupied = [i for i, lvl in enumerate(self.levels) if lvl is not None]
-            if not occupied:
-                return
-            if len(occupied) == 1 and not self.levels[occupied[0]].merging:
-                return
-            self.exert(1 << 62)
+        with self._transaction():
+            while True:
+                occupied = [i for i, lvl in enumerate(self.levels) if lvl is not None]
+                if not occupied:
+                    return
+                if len(occupied) == 1 and not self.levels[occupied[0]].merging:
+                    return
+                self._exert(1 << 62)
 
     def _drop_inputs(self, inputs: list[Batch]) -> None:
         """Merged-away inputs: their page files go when the last reader lets go of them.
@@ -193,9 +259,9 @@ class Spine:
     def close(self) -> None:
         try:
             for lvl in self.levels:
-                if lvl is not None and lvl.merging:
+                if lvl is not None and lvl.merger is not None:
                     lvl.merger.abort()
         finally:
-            for b in self.batches():
+            for b in self._current():
                 b.drop()
-            self.levels, self.pending = [], []
+            self.levels, self.pending, self._published = [], [], ()

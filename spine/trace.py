@@ -9,6 +9,13 @@ the spine, which merges it in over later inserts, fueled. Reads (``snapshot``,
 walk them in key order with a merged reader; batches are immutable, so a read in
 progress is unaffected by later writes.
 
+Writers and readers: a trace has one writer at a time -- ``insert``, ``exert``,
+``merge_all``, ``save``, frontier moves and ``close`` hold the trace's lock, so writers
+in several threads take turns -- and any number of readers, which never wait: a read
+takes the spine's last committed version of the batch list and walks it, and a write
+either commits a new version or, when it raises, leaves the trace exactly as it was
+(its runs and half-merged outputs are dropped, their reservations released).
+
 Handles share the trace: each holds a logical frontier (history it still needs) and
 optionally a physical one (batch boundaries it still needs). The trace compacts only
 to the minimum of its live handles' frontiers; closing or dropping a handle releases
@@ -18,6 +25,7 @@ been advanced and the answer would be wrong.
 
 from __future__ import annotations
 
+import threading
 import weakref
 
 import numpy as np
@@ -83,6 +91,7 @@ class Trace:
         self.spine = Spine(ctx)
         self._handles: list[weakref.ref] = []
         self._closed = False
+        self._write_lock = threading.RLock()   # one writer at a time (module docstring)
 
     # -- schema ------------------------------------------------------------------------
     @property
@@ -105,10 +114,22 @@ class Trace:
     # -- writing -----------------------------------------------------------------------
     def insert(self, data, time: str | None = None, diff: str | None = None) -> None:
         """Add updates; ``time``/``diff`` name their columns (default: those of arrange)."""
-        self._check_open()
-        runs = self._build(data, time if time is not None else self.columns.time,
-                           diff if diff is not None else self.columns.diff, resident=True)
-        self.spine.insert_runs(runs)
+        with self._write_lock:
+            self._check_open()
+            self._update_frontiers()   # handles dropped without close() let go here
+            runs = self._build(data, time if time is not None else self.columns.time,
+                               diff if diff is not None else self.columns.diff,
+                               resident=True)
+            self._add_runs(runs)
+
+    def _add_runs(self, runs: list[Batch]) -> None:
+        """Hand runs of one input to the spine; if that fails, they are dropped (the
+        spine is as it was)."""
+        try:
+            self.spine.insert_runs(runs)
+        except BaseException:
+            _drop(runs)
+            raise
 
     def appender(self) -> "Appender":
         """A loader for data that arrives in chunks (see :class:`Appender`)."""
@@ -195,6 +216,11 @@ class Trace:
                     seal()
             if buffered:
                 seal()
+            if merge:
+                runs[:] = self._merge_down(runs)
+        except BaseException:
+            _drop(runs)   # a failed build leaves nothing behind
+            raise
         finally:
             self.ctx.release(size)
             if ahead:
@@ -202,8 +228,6 @@ class Trace:
                     stream.close()   # stops and joins the reading thread
                 finally:
                     self.ctx.release(ahead)
-        if merge:
-            runs = self._merge_down(runs)
         self.ctx.settle()   # sorting left big freed blocks with the allocators
         return runs
 
@@ -262,23 +286,34 @@ class Trace:
     def _merge_down(self, runs: list[Batch]) -> list[Batch]:
         """Merge the oldest runs (up to ``_MERGE_FAN_IN`` at a time) until at most
         ``ctx.read_fan_in`` remain: few enough for a reader to walk them all at once
-        within the budget, one decoded part each (see ``StorageContext.for_budget``)."""
+        within the budget, one decoded part each (see ``StorageContext.for_budget``).
+        If a merge fails, the outputs made so far are dropped and ``runs`` are left to
+        the caller as they were."""
         runs = [r for r in runs if len(r)]
         fan_in = self.ctx.read_fan_in
-        while len(runs) > fan_in:
-            take = min(_MERGE_FAN_IN, len(runs) - fan_in + 1)
-            runs = runs[take:] + [Merger(runs[:take], 0, self.ctx).finish()]
+        made: list[Batch] = []
+        try:
+            while len(runs) > fan_in:
+                take = min(_MERGE_FAN_IN, len(runs) - fan_in + 1)
+                made.append(Merger(runs[:take], 0, self.ctx).finish())
+                runs = runs[take:] + [made[-1]]
+        except BaseException:
+            _drop(made)
+            raise
         return runs
 
     def exert(self, fuel: int) -> None:
         """Spend ``fuel`` units of extra merge work (e.g. while idle)."""
-        self._check_open()
-        self.spine.exert(int(fuel))
+        with self._write_lock:
+            self._check_open()
+            self.spine.exert(int(fuel))
 
     def merge_all(self) -> None:
         """Finish every merge: leaves one batch (handy before many reads)."""
-        self.spine.merge_all()
-        self.ctx.settle()
+        with self._write_lock:
+            self._check_open()
+            self.spine.merge_all()
+            self.ctx.settle()
 
     # -- handles and compaction --------------------------------------------------------
     def handle(self) -> "TraceHandle":
@@ -295,13 +330,16 @@ class Trace:
         return live
 
     def _update_frontiers(self) -> None:
-        live = self._live_handles()
-        if live:
-            logical = min(h.logical for h in live)
-            if logical > self.spine.since:
-                self.spine.since = logical
-        physical = [h.physical for h in live if h.physical is not None]
-        self.spine.set_physical(min(physical) if physical else None)
+        with self._write_lock:
+            live = self._live_handles()
+            if live:
+                logical = min(h.logical for h in live)
+                if logical > self.spine.since:
+                    self.spine.set_since(logical)
+            physical = [h.physical for h in live if h.physical is not None]
+            physical = min(physical) if physical else None
+            if physical != self.spine.physical:
+                self.spine.set_physical(physical)
 
     # -- reading -----------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -447,8 +485,9 @@ class Trace:
         """Write this trace to a directory (page files + manifest) for ``Engine.load``."""
         from arrangedb.spine.persist import save_trace
 
-        self._check_open()
-        save_trace(self, path)
+        with self._write_lock:
+            self._check_open()
+            save_trace(self, path)
 
     # -- accounting --------------------------------------------------------------------
     def stats(self) -> dict:
@@ -475,9 +514,10 @@ class Trace:
         }
 
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self.spine.close()
+        with self._write_lock:
+            if not self._closed:
+                self._closed = True
+                self.spine.close()
 
 
 class Appender:
@@ -499,10 +539,15 @@ class Appender:
                               diff if diff is not None else t.columns.diff, merge=False)
 
     def finish(self) -> None:
-        self.trace._check_open()
-        runs, self.runs = self.trace._merge_down(self.runs), []
-        self.trace.spine.insert_runs(runs)
-        self.trace.ctx.settle()
+        """Hand the runs to the trace. If this fails, the trace is as it was and the
+        appender keeps its runs: ``finish`` may be called again, or ``abort``."""
+        t = self.trace
+        with t._write_lock:
+            t._check_open()
+            runs = t._merge_down(self.runs)
+            t.spine.insert_runs(runs)   # on failure: runs stay ours; made outputs are garbage
+            self.runs = []
+            t.ctx.settle()
 
     def abort(self) -> None:
         """Drop the runs sorted so far (their page files go now, not at collection)."""
@@ -552,12 +597,9 @@ class TraceHandle:
         self.close()
 
     def __del__(self):
-        try:
-            if not self.closed:
-                self.closed = True
-                self._trace._update_frontiers()
-        except Exception:
-            pass
+        # The trace lets go of this handle's frontiers at its next write: a collection
+        # may run in any thread, even inside a write, where changing the spine is unsafe.
+        self.closed = True
 
     # reads go through the shared trace
     def snapshot(self, at=None):
@@ -568,6 +610,15 @@ class TraceHandle:
 
     def changes(self, since, upto=None):
         return self._trace.changes(since, upto)
+
+
+def _drop(batches: list[Batch]) -> None:
+    """Drop batches nothing else holds: their page files and reservations go now."""
+    for b in batches:
+        try:
+            b.drop()
+        except OSError:
+            pass   # an unlink the disk refuses: the file is garbage to the spill directory
 
 
 def _key_table(keys, key_schema: pa.Schema) -> pa.Table:
