@@ -99,3 +99,115 @@ class Faults(DiskIO):
             m.setattr(MemoryBudget, "reserve", faulty_reserve)
             with using(self):
                 yield self
+
+
+class PowerCut(OSError, InjectedFault):
+    pass
+
+
+class PowerLoss(DiskIO):
+    """A disk that loses power at its ``cut_at``-th operation.
+
+    Until the cut it works and remembers what is durable: a file's contents as of its
+    last fsync, and directory entries (files created, renames) as of their directory's
+    last fsync. At the cut, and for every operation after it (the process is gone:
+    no cleanup code reaches the disk), it raises :class:`PowerCut`. :meth:`restore`
+    then puts the disk in the state a machine finds after power comes back: every
+    write and every directory change that was not made durable is undone.
+    """
+
+    def __init__(self, cut_at: int | None = None):
+        self.cut_at = cut_at
+        self.ops = 0
+        self.dead = False
+        self._paths: dict[int, str] = {}     # fd open for writing -> path
+        self._synced: dict[str, bytes] = {}  # path -> contents at its last fsync
+        self._written: set[str] = set()      # paths written since they were opened
+        self._undo: list[tuple] = []         # directory changes not yet durable, in order
+
+    def _tick(self, what: str) -> None:
+        if not self.dead:
+            self.ops += 1
+            self.dead = self.ops == self.cut_at
+        if self.dead:
+            raise PowerCut(errno.EIO, f"power lost at operation {self.cut_at} ({what})")
+
+    def open(self, path, flags, mode=0o666):
+        writing = bool(flags & (os.O_WRONLY | os.O_RDWR))
+        if writing:
+            self._tick("create")
+        existed = os.path.exists(path)
+        fd = super().open(path, flags, mode)
+        if writing:
+            self._paths[fd] = path
+            self._written.add(path)
+            if not existed:
+                self._undo.append(("created", path))
+        return fd
+
+    def pwrite(self, fd, data, offset):
+        self._tick("write")
+        return super().pwrite(fd, data, offset)
+
+    def copy_range(self, src_fd, dst_fd, count, offset):
+        self._tick("copy")
+        return super().copy_range(src_fd, dst_fd, count, offset)
+
+    def fsync(self, fd):
+        self._tick("fsync")
+        super().fsync(fd)
+        path = self._paths.get(fd)
+        if path is not None:
+            with open(path, "rb") as f:
+                self._synced[path] = f.read()
+
+    def fsync_dir(self, path):
+        self._tick("fsync_dir")
+        path = os.path.abspath(path)
+        self._undo = [u for u in self._undo if os.path.dirname(os.path.abspath(u[1])) != path]
+
+    def close(self, fd):
+        self._paths.pop(fd, None)
+        super().close(fd)   # closing is allowed after the cut: it changes nothing on disk
+
+    def rename(self, src, dst):
+        self._tick("rename")
+        before = open(dst, "rb").read() if os.path.exists(dst) else None
+        super().rename(src, dst)
+        self._undo.append(("renamed", dst, src, before))
+        if src in self._synced:
+            self._synced[dst] = self._synced.pop(src)
+        if src in self._written:
+            self._written.discard(src)
+            self._written.add(dst)
+
+    def unlink(self, path):
+        self._tick("unlink")
+        super().unlink(path)
+
+    def mmap(self, fd, length):
+        self._tick("mmap")
+        return super().mmap(fd, length)
+
+    def restore(self) -> None:
+        """The disk after power comes back (call once, after the cut)."""
+        for change in reversed(self._undo):
+            if change[0] == "created":
+                if os.path.exists(change[1]):
+                    os.unlink(change[1])
+                self._written.discard(change[1])
+            else:
+                _, dst, src, before = change
+                if os.path.exists(dst):
+                    os.rename(dst, src)
+                    if dst in self._synced:
+                        self._synced[src] = self._synced.pop(dst)
+                    self._written.discard(dst)
+                    self._written.add(src)
+                if before is not None:
+                    with open(dst, "wb") as f:
+                        f.write(before)
+        for path in self._written:
+            if os.path.exists(path):
+                with open(path, "wb") as f:
+                    f.write(self._synced.get(path, b""))
