@@ -13,8 +13,12 @@ arrangement consolidated into one row with count c are weighed by c, so nothing 
 lost. Groups with a null in a group column never enter the arrangement (keys cannot be
 null); they are few and stay in memory.
 
-``weight`` names a column of per-row multiplicities (a join's ``count``): a row with
-weight 3 counts three times and adds three times its value.
+``weight`` names a column of per-row multiplicities (a join's ``count``, a change
+stream's ``diff``): a row with weight 3 counts three times and adds three times its
+value, one with weight -1 takes itself back. By default it is the column the stream's
+schema marks as its weight (:mod:`arrangedb.spine.roles`). Over a change stream,
+counts and sums are the net change per group; min, max and mean are not linear in the
+changes, so a stream with negative weights is refused for them.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ import pyarrow.compute as pc
 from arrangedb.ops.aggregate import aggregate, check_aggs, numeric_values, output_field
 from arrangedb.ops.common import DEFAULT_BATCH_ROWS, columns_of
 from arrangedb.pager.budget import release_freed_memory
+from arrangedb.spine import roles
+from arrangedb.spine.engine import engine_for
 from arrangedb.spine.ingest import open_batches
 
 _COMBINE = {"n": "sum", "s": "sum", "v": "sum", "min": "min", "max": "max"}
@@ -254,17 +260,20 @@ def _has_null_key(table: pa.Table, by: list[str]) -> np.ndarray:
     return mask
 
 
-def group_by(stream, by, aggs: dict, weight: str | None = "count", engine=None,
-             memory_budget="256MiB", spill_dir=None, batch_rows: int = DEFAULT_BATCH_ROWS,
-             phase: str = "complete", source_schema: pa.Schema | None = None
-             ) -> pa.RecordBatchReader:
+def group_by(stream, by, aggs: dict, weight: str | bool | None = None, engine=None,
+             batch_rows: int = DEFAULT_BATCH_ROWS, phase: str = "complete",
+             source_schema: pa.Schema | None = None) -> pa.RecordBatchReader:
     """Group a stream of Arrow batches by ``by`` columns and aggregate, within a budget.
 
     ``aggs`` as in :func:`arrangedb.reduce`: output name -> (function, column), function
-    in count, sum, min, max, mean. ``weight`` names a multiplicity column (default
-    ``count``, used when the stream has one; None: every row counts once). Spills partial
-    aggregates through an engine (``engine``, else one made with ``memory_budget`` and
-    ``spill_dir``) when the groups do not fit.
+    in count, sum, min, max, mean. ``weight``: the column of per-row multiplicities;
+    None (default): the column the stream's schema marks as its weight (a join's
+    ``count``, a change stream's ``diff``), else every row once; False: every row once.
+    Over a stream with negative weights (changes), count and sum give the net change
+    per group; min, max and mean are refused (use ``reduce(trace, aggs, since=, upto=)``).
+    Runs in ``engine``, else the engine that made the stream, else the one engine open
+    (:func:`arrangedb.spine.engine.engine_for`), spilling partial aggregates through it
+    when the groups do not fit its budget.
 
     ``phase`` splits the work for a distributed plan: ``"partial"`` emits partial
     aggregates (columns of :meth:`_Partials.partial_schema`) instead of results, and
@@ -290,13 +299,17 @@ def group_by(stream, by, aggs: dict, weight: str | None = "count", engine=None,
             raise ValueError(f"aggs[{name!r}]: group_by supports count, sum, min, max and "
                              "mean; count_distinct over a stream needs the distinct pairs "
                              "arranged first: arrange (by + column) key-only, then reduce")
+    weight = None if phase == "final" else roles.resolve_role(stream_schema, weight,
+                                                               roles.WEIGHT)
     if weight is not None and weight not in schema.names:
-        if weight != "count":
-            raise KeyError(f"group_by: no weight column {weight!r} (columns: {schema.names})")
-        weight = None
+        raise KeyError(f"group_by: no weight column {weight!r} (columns: {schema.names})")
     if weight is not None and not pa.types.is_integer(schema.field(weight).type):
         raise TypeError(f"group_by: weight column {weight!r} must be integer, "
                         f"is {schema.field(weight).type}")
+    engine = engine_for(stream_schema, engine, "group_by")
+    nonlinear = sorted(n for n, (fn, _c) in aggs.items() if fn not in ("count", "sum"))
+    if weight is not None and nonlinear:
+        batches = _no_retractions(batches, weight, nonlinear)
     partials = _Partials(by, aggs, _partial_names(aggs), schema, weight)
     if phase == "final":
         missing = [n for n in partials.partial_schema().names if n not in stream_schema.names]
@@ -307,8 +320,21 @@ def group_by(stream, by, aggs: dict, weight: str | None = "count", engine=None,
     last = partials.as_partials if phase == "partial" else partials.finish
     out_schema = partials.partial_schema() if phase == "partial" else _output_schema(partials)
     return pa.RecordBatchReader.from_batches(
-        out_schema, _run(partials, batches, engine, memory_budget, spill_dir, batch_rows,
-                         first, last))
+        out_schema, _run(partials, batches, engine, batch_rows, first, last))
+
+
+def _no_retractions(batches, weight: str, nonlinear: list[str]):
+    """The batches, refusing any row of negative weight: the aggregates ``nonlinear``
+    cannot be taken from changes alone."""
+    for rb in batches:
+        w = rb.column(weight)
+        if len(w) and pc.min(w).as_py() < 0:
+            raise ValueError(
+                f"group_by: aggs {nonlinear} (min, max, mean) are not linear in changes, but "
+                f"the stream's weight column {weight!r} holds negative values (retractions): "
+                f"aggregate the changes with count and sum only, or take the changed groups "
+                f"from reduce(trace, aggs, since=, upto=), which reads per-key state")
+        yield rb
 
 
 def _output_schema(partials: _Partials) -> pa.Schema:
@@ -317,11 +343,7 @@ def _output_schema(partials: _Partials) -> pa.Schema:
     return pa.schema(fields)
 
 
-def _run(partials: _Partials, batches, engine, memory_budget, spill_dir, batch_rows,
-         first, last):
-    from arrangedb.spine.engine import Engine
-
-    own_engine = None
+def _run(partials: _Partials, batches, engine, batch_rows, first, last):
     trace = None
     held: list[pa.Table] = []
     held_bytes = 0
@@ -337,8 +359,6 @@ def _run(partials: _Partials, batches, engine, memory_budget, spill_dir, batch_r
         reserved = nbytes
 
     try:
-        if engine is None:
-            own_engine = engine = Engine(spill_dir=spill_dir, memory_budget=memory_budget)
         # combining the held partials takes two to three times their size again (the
         # concatenation, Arrow's hash table and its output): an eighth of the budget
         # held keeps that within the budget's share left beside the readers
@@ -392,12 +412,11 @@ def _run(partials: _Partials, batches, engine, memory_budget, spill_dir, batch_r
                 yield last(rest)
         yield from _finish_spilled(partials, trace, last)
     finally:
-        if engine is not None and reserved:
+        if reserved:
             engine.budget.release(reserved, "group_by partials")
-        if engine is not None:
-            engine.budget.trim_if_high()
-        if own_engine is not None:
-            own_engine.close()
+        if trace is not None:
+            trace.close()   # the spilled partials: their files go now
+        engine.budget.trim_if_high()
 
 
 def _coalesced(batches, max_bytes: int, max_rows: int = 1 << 20) -> Iterator[pa.Table]:

@@ -32,6 +32,7 @@ import pyarrow as pa
 
 from arrangedb.ops.common import (DEFAULT_BATCH_ROWS, check_batch_rows, check_time,
                                   columns_of, output_chunks, ranges)
+from arrangedb.spine import roles
 from arrangedb.spine.cursor import Block, co_blocks
 from arrangedb.spine.kernels import consolidate
 from arrangedb.spine.order import codes
@@ -104,10 +105,10 @@ def _schema(left, right, how: str, changes: bool,
         fields += [f.with_name(n).with_nullable(True) for f, n in
                    zip(dictionary_schema(right.val_schema, dictionary[1]), rnames)]
     if changes:
-        fields += [pa.field("time", pa.uint64()), pa.field("diff", pa.int64())]
+        fields += [roles.time_field("time"), roles.weight_field("diff")]
     else:
-        fields += [pa.field("count", pa.int64())]
-    return pa.schema(fields)
+        fields += [roles.weight_field("count")]
+    return roles.with_engine(pa.schema(fields), left.ctx.engine_id)
 
 
 # -- kernels ----------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from arrangedb.ops.group_by import (_bincount_groups, _partial_names, _Partials,
                                     _plain_schema, _unified, group_by)
 from arrangedb.ops.join import (HOWS, _check_traces, _schema, dictionary_readable, join,
                                 match_keys, prefixed_names)
+from arrangedb.spine import roles
 from arrangedb.spine.cursor import Block, part_blocks
 from arrangedb.spine.kernels import count_through
 from arrangedb.spine.layout import ranges
@@ -292,8 +293,7 @@ def _grouped(groups: dict, cols: dict, by: list[str], partials: _Partials) -> pa
 
 
 def join_group_by(left, right, by, aggs: dict, at: int | None = None, how: str = "inner",
-                  engine=None, memory_budget="256MiB", spill_dir=None,
-                  batch_rows: int = DEFAULT_BATCH_ROWS) -> pa.RecordBatchReader:
+                  engine=None, batch_rows: int = DEFAULT_BATCH_ROWS) -> pa.RecordBatchReader:
     """Join two traces on their keys and group the joined rows: the result of
     ``group_by(join(left, right, at=at, how=how), by, aggs)``, rows weighed by the
     join's counts (SQL bag semantics).
@@ -303,8 +303,8 @@ def join_group_by(left, right, by, aggs: dict, at: int | None = None, how: str =
     When every aggregate is a count, sum or mean of one side's vals (or a count) and
     every group column is a key column or the other side's val, the aggregation runs
     below the join, per key, and the joined rows are never materialised; otherwise the
-    join is (see the module's notes). ``engine``/``memory_budget``/``spill_dir`` as in
-    :func:`group_by`, which combines the groups within the budget.
+    join is (see the module's notes). The groups are combined within the budget of
+    ``engine``, by default the traces' own.
     """
     if how not in HOWS:
         raise ValueError(f"unknown how={how!r}; use one of {', '.join(HOWS)}")
@@ -325,16 +325,14 @@ def join_group_by(left, right, by, aggs: dict, at: int | None = None, how: str =
     side = None if on_count else _pushdown_side(left, right, by, aggs, how)
     if side is None:
         return group_by(join(left, right, at=at, how=how, batch_rows=batch_rows), by, aggs,
-                        weight="count", engine=engine, memory_budget=memory_budget,
-                        spill_dir=spill_dir, batch_rows=batch_rows)
+                        weight="count", engine=engine, batch_rows=batch_rows)
     where = _sides(left, right)
     partials = _Partials(by, aggs, _partial_names(aggs), schema, "count")
     column_of = {out: name for out, (s, name) in where.items() if s == side}
     a_trace, b_trace = (left, right) if side == 0 else (right, left)
     stream = pa.RecordBatchReader.from_batches(
-        partials.partial_schema(),
+        roles.with_engine(partials.partial_schema(), left.ctx.engine_id),
         _fused(a_trace, b_trace, at, by, where, partials,
                _KeyPartials(aggs, partials.plan, column_of), 1 - side))
-    return group_by(stream, by, aggs, engine=engine, memory_budget=memory_budget,
-                    spill_dir=spill_dir, batch_rows=batch_rows, phase="final",
+    return group_by(stream, by, aggs, engine=engine, batch_rows=batch_rows, phase="final",
                     source_schema=schema)

@@ -21,6 +21,7 @@ import pyarrow as pa
 from arrangedb.ops.aggregate import aggregate, check_aggs, grouped_sum, output_field
 from arrangedb.ops.common import check_time, columns_of
 from arrangedb.ops.join import _lookup_block
+from arrangedb.spine import roles
 from arrangedb.spine.cursor import Block, blocks
 from arrangedb.spine.order import codes
 
@@ -29,8 +30,8 @@ def _agg_schema(trace, aggs: dict, changes: bool) -> pa.Schema:
     fields = list(trace.key_schema) + [output_field(n, f, c, trace.val_schema)
                                        for n, (f, c) in aggs.items()]
     if changes:
-        fields += [pa.field("time", pa.uint64()), pa.field("diff", pa.int64())]
-    return pa.schema(fields)
+        fields += [roles.time_field("time"), roles.weight_field("diff")]
+    return roles.with_engine(pa.schema(fields), trace.ctx.engine_id)
 
 
 def _reduce_block(b: Block, aggs, val_schema) -> tuple[pa.Table, list[pa.Array], np.ndarray]:
@@ -128,7 +129,7 @@ def _filtered(trace, at, counts_of):
     """Snapshot rows of ``trace`` with the counts ``counts_of(block)`` gives them; rows
     given a zero count are dropped (a snapshot block holds no zero counts of its own)."""
     trace._check_read_time(at)
-    schema = trace._output_schema(pa.field("count", pa.int64()))
+    schema = trace._output_schema(roles.weight_field("count"))
 
     def gen():
         for b in blocks(trace, at=at):

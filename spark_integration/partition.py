@@ -152,7 +152,7 @@ def join_partition(batches, spec: JoinSpec, then: "ReduceSpec | None" = None):
             schema = dictionary_schema(spec.out_schema, frozenset(coded))
             stream = pa.RecordBatchReader.from_batches(
                 schema, _joined(batches, spec, task, engine, pid, coded, schema))
-            for out in adb.group_by(stream, then.by, then.aggs, weight=None, engine=engine,
+            for out in adb.group_by(stream, then.by, then.aggs, weight=False, engine=engine,
                                     phase="partial"):
                 task.rows_out += out.num_rows
                 yield out
@@ -275,7 +275,7 @@ def reduce_partition(batches, spec: ReduceSpec):
             stream = pa.RecordBatchReader.from_batches(
                 spec.source_schema if spec.phase == "partial" else _partial_schema(spec),
                 counted(batches))
-            out = adb.group_by(stream, spec.by, spec.aggs, weight=None, engine=engine,
+            out = adb.group_by(stream, spec.by, spec.aggs, weight=False, engine=engine,
                                phase=spec.phase, source_schema=spec.source_schema)
             for b in out:
                 task.rows_out += b.num_rows

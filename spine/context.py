@@ -23,6 +23,7 @@ class StorageContext:
     read_fan_in: int = 8          # runs a read walks at once (more are merged down first)
     block_cache: object | None = None  # arrangedb.spine.blockcache.BlockCache; None: no cache
     resident: object | None = None     # arrangedb.spine.resident.ResidentBatches; None: all paged
+    engine_id: int | None = None       # the engine whose budget this is (streams name it)
 
     @classmethod
     def for_budget(cls, budget, spill, codec: str = "auto") -> "StorageContext":

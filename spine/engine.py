@@ -11,11 +11,15 @@ trace and removes its spill directory.
 from __future__ import annotations
 
 import importlib
+import itertools
+import threading
+import weakref
 
 import pyarrow as pa
 
 from arrangedb.pager import MemoryBudget, SpillDirectory
 from arrangedb.spine.context import StorageContext
+from arrangedb.spine import roles
 from arrangedb.spine.ingest import Columns, is_file_input, open_batches, target_schemas
 from arrangedb.spine.trace import Trace
 
@@ -42,6 +46,32 @@ def _load_code() -> None:
     _code_loaded = True
 
 
+_open: "weakref.WeakValueDictionary[int, Engine]" = weakref.WeakValueDictionary()
+_ids = itertools.count(1)
+_registry_lock = threading.Lock()
+
+
+def engine_for(stream_schema: pa.Schema | None = None, engine=None, who: str = "this operator"
+               ) -> "Engine":
+    """The engine an operator runs in: ``engine`` when given, else the engine that made
+    the stream (its schema says which), else the one engine open in the process. A job
+    has one budget and one spill directory: no operator makes an engine of its own."""
+    if engine is not None:
+        return engine
+    made_by = roles.engine_id(stream_schema) if stream_schema is not None else None
+    with _registry_lock:
+        if made_by is not None and made_by in _open:
+            return _open[made_by]
+        live = list(_open.values())
+    if len(live) == 1:
+        return live[0]
+    if not live:
+        raise ValueError(f"{who} needs an engine for its budget and spill directory, and none "
+                         f"is open: open one (arrangedb.Engine(...)) or pass engine=")
+    raise ValueError(f"{who}: {len(live)} engines are open and the input does not say which "
+                     f"made it: pass engine=")
+
+
 class Engine:
     def __init__(self, spill_dir=None, memory_budget="1GiB", codec: str = "auto"):
         _load_code()
@@ -54,6 +84,9 @@ class Engine:
         self.ctx = StorageContext.for_budget(self.budget, self.spill, codec)
         self._traces: list[Trace] = []
         self._closed = False
+        with _registry_lock:
+            self.id = self.ctx.engine_id = next(_ids)
+            _open[self.id] = self
 
     def __enter__(self) -> "Engine":
         return self
@@ -74,7 +107,7 @@ class Engine:
             source = pa.RecordBatchReader.from_batches(schema, stream)
         key_schema, val_schema = target_schemas(schema, cols)
         trace = Trace(self.ctx, key_schema, val_schema, cols, name)
-        trace._add_runs(trace._build(source, cols.time, cols.diff))
+        trace._add_runs(trace._build(source, cols.time or False, cols.diff or False))
         self._traces.append(trace)
         return trace
 
@@ -107,6 +140,8 @@ class Engine:
         if self._closed:
             return
         self._closed = True
+        with _registry_lock:
+            _open.pop(self.id, None)
         for t in self._traces:
             t.close()
         self._traces.clear()

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from arrangedb.spine import roles
 from arrangedb.spine.updates import Updates, constant
 
 # Rows per batch read from Parquet: 256k rows decode ~30% faster than 64k (per-batch
@@ -192,18 +193,25 @@ class Columns:
 
     @staticmethod
     def resolve(schema: pa.Schema, key, vals, time, diff) -> "Columns":
+        """``time``/``diff``: a column name; None: the column the input's schema marks
+        as its time / weight (:mod:`arrangedb.spine.roles`), if any; False: none (every
+        update at time 0 / with diff +1, the marked column dropped)."""
         if isinstance(key, str):
             key = [key]
         key = list(key or [])
         if not key:
             raise SchemaError("an arrangement needs at least one key column")
         names = schema.names
+        marked = {roles.role_column(schema, roles.TIME), roles.role_column(schema, roles.WEIGHT)}
+        time = roles.resolve_role(schema, time, roles.TIME)
+        diff = roles.resolve_role(schema, diff, roles.WEIGHT)
         for role, col in [("key", c) for c in key] + [("time", time), ("diff", diff)]:
             if col is not None and col not in names:
                 raise SchemaError(f"{role} column {col!r} is not in the input "
                                   f"(columns: {', '.join(names)})")
-        if vals is None:
-            vals = [c for c in names if c not in key and c not in (time, diff)]
+        if vals is None:   # every other column, but never a stream's weight or time
+            vals = [c for c in names if c not in key and c not in (time, diff)
+                    and c not in marked]
         else:
             vals = [vals] if isinstance(vals, str) else list(vals)
             for c in vals:

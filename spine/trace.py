@@ -31,6 +31,7 @@ import weakref
 import numpy as np
 import pyarrow as pa
 
+from arrangedb.spine import roles
 from arrangedb.spine.batch import Batch
 from arrangedb.spine.builder import Builder
 from arrangedb.spine.context import StorageContext
@@ -92,6 +93,7 @@ class Trace:
         self._handles: list[weakref.ref] = []
         self._closed = False
         self._write_lock = threading.RLock()   # one writer at a time (module docstring)
+        self._keys_cache: tuple | None = None   # (batches, distinct keys) for stats()
 
     # -- schema ------------------------------------------------------------------------
     @property
@@ -113,13 +115,14 @@ class Trace:
 
     # -- writing -----------------------------------------------------------------------
     def insert(self, data, time: str | None = None, diff: str | None = None) -> None:
-        """Add updates; ``time``/``diff`` name their columns (default: those of arrange)."""
+        """Add updates. ``time``/``diff`` name their columns; by default the columns the
+        input's schema marks as its time and weight (a join's ``count``, a change
+        stream's ``time`` and ``diff``), else those named at arrange when the input has
+        them; False: none (time 0, diff +1)."""
         with self._write_lock:
             self._check_open()
             self._update_frontiers()   # handles dropped without close() let go here
-            runs = self._build(data, time if time is not None else self.columns.time,
-                               diff if diff is not None else self.columns.diff,
-                               resident=True)
+            runs = self._build(data, time, diff, resident=True)
             self._add_runs(runs)
 
     def _add_runs(self, runs: list[Batch]) -> None:
@@ -143,7 +146,10 @@ class Trace:
         ``resident``: runs may stay in memory while the engine admits them
         (:mod:`arrangedb.spine.resident`)."""
         schema, stream = open_batches(data)
-        Columns.resolve(schema, self.key_names, self.val_names, time, diff)  # fail early
+        time = roles.resolve_role(schema, time, roles.TIME, self.columns.time)
+        diff = roles.resolve_role(schema, diff, roles.WEIGHT, self.columns.diff)
+        Columns.resolve(schema, self.key_names, self.val_names, time or False,
+                        diff or False)   # fail early
         cols = Columns(self.key_names, self.val_names or None, time, diff)
         ahead = 0
         if is_file_input(data):   # decode only the columns it needs, while runs sort
@@ -355,15 +361,17 @@ class Trace:
                              f"{self.spine.since}: those times have been compacted away")
 
     def _output_schema(self, *extra: pa.Field) -> pa.Schema:
+        """Keys, vals and ``extra`` (made with :mod:`arrangedb.spine.roles`), marked as
+        made by this trace's engine."""
         fields = list(self.key_schema)
         if self.val_schema is not None:
             fields += list(self.val_schema)
-        return pa.schema(fields + list(extra))
+        return roles.with_engine(pa.schema(fields + list(extra)), self.ctx.engine_id)
 
     def snapshot(self, at: int | None = None) -> pa.RecordBatchReader:
         """Key, vals and ``count`` (sum of diffs with time <= at; zeros dropped), key order."""
         self._check_read_time(at)
-        schema = self._output_schema(pa.field("count", pa.int64()))
+        schema = self._output_schema(roles.weight_field("count"))
 
         def gen():
             for b in blocks(self, at=at):
@@ -377,7 +385,7 @@ class Trace:
         if frontier and (since and since < frontier or upto is not None and upto <= frontier):
             raise ValueError(f"changes({since}, {upto}) reaches before the logical compaction "
                              f"frontier {frontier}: those times have been compacted away")
-        schema = self._output_schema(pa.field("time", pa.uint64()), pa.field("diff", pa.int64()))
+        schema = self._output_schema(roles.time_field("time"), roles.weight_field("diff"))
 
         def gen():
             for b in blocks(self, changes=(since, upto)):
@@ -399,7 +407,7 @@ class Trace:
         if unknown:
             raise KeyError(f"read_dictionary: {unknown} are not val columns of this trace "
                            f"(vals: {self.val_names})")
-        schema = dictionary_schema(self._output_schema(pa.field("count", pa.int64())),
+        schema = dictionary_schema(self._output_schema(roles.weight_field("count")),
                                    dictionary)
         schema = pa.schema([pa.field("query_index", pa.int64())] + list(schema))
         n = queries.num_rows
@@ -498,8 +506,8 @@ class Trace:
         budget = self.ctx.budget
         return {
             "updates": updates,
-            "keys": sum(b.num_keys for b in batches),
-            "keys_exact": len(batches) <= 1,
+            "keys": self._distinct_keys(batches),
+            "keys_exact": True,
             "batches": len(batches),
             "parts": sum(len(b.parts) for b in batches),
             "bytes_in_memory": sum(b.bytes_in_memory for b in batches),
@@ -512,6 +520,23 @@ class Trace:
             "merges_in_progress": sum(1 for lvl in self.spine.levels
                                       if lvl is not None and lvl.merging),
         }
+
+    def _distinct_keys(self, batches: list[Batch]) -> int:
+        """Keys with a nonzero count at the latest time (those ``snapshot()`` shows). One
+        batch whose updates share one time is consolidated: every key it stores counts.
+        Otherwise a read of the trace counts them, once per version of the batch list."""
+        if len(batches) == 1 and batches[0].description.upper - \
+                batches[0].description.lower <= 1:
+            return batches[0].num_keys
+        cached = self._keys_cache   # weak: a count must not keep merged-away files alive
+        if cached is not None and len(cached[0]) == len(batches) and \
+                all(ref() is b for ref, b in zip(cached[0], batches)):
+            return cached[1]
+        n = 0
+        for b in blocks(self):
+            n += int(np.count_nonzero(np.diff(b.key_bounds)))
+        self._keys_cache = (tuple(weakref.ref(b) for b in batches), n)
+        return n
 
     def close(self) -> None:
         with self._write_lock:
@@ -535,8 +560,7 @@ class Appender:
     def add(self, data, time: str | None = None, diff: str | None = None) -> None:
         t = self.trace
         t._check_open()
-        self.runs += t._build(data, time if time is not None else t.columns.time,
-                              diff if diff is not None else t.columns.diff, merge=False)
+        self.runs += t._build(data, time, diff, merge=False)
 
     def finish(self) -> None:
         """Hand the runs to the trace. If this fails, the trace is as it was and the

@@ -190,7 +190,8 @@ def test_parts_counted_differently_are_gathered_apart(tmp_path, monkeypatch):
     L = pa.table({"k": k, "x": rng.permutation(len(k)) - 7,
                   "d": np.where(k < nkeys // 2, 1, -1).astype(np.int64)})
     R = pa.table({"k": np.arange(nkeys), "g": pa.array(["all"] * nkeys)})
-    aggs = {"n": ("count", None), "s": ("sum", "x"), "m": ("mean", "x")}
+    # counts and sums only: over negative weights, group_by refuses a mean
+    aggs = {"n": ("count", None), "s": ("sum", "x")}
     with adb.Engine(spill_dir=tmp_path, memory_budget="16MiB") as e:
         lt = e.arrange(L, key=["k"], vals=["x"], diff="d")
         rt = e.arrange(R, key=["k"])
