@@ -28,6 +28,8 @@ _EXPORTS = {
     "CorruptionError": "arrangedb.pager",
     "ManifestError": "arrangedb.pager",
     "DirectoryLocked": "arrangedb.pager",
+    "versions": "arrangedb.spine.persist",
+    "CheckpointConflict": "arrangedb.spine.persist",
     "join": "arrangedb.ops",
     "join_group_by": "arrangedb.ops",
     "reduce": "arrangedb.ops",

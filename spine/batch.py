@@ -28,6 +28,8 @@ class Batch:
         self.pagefile = None
         self._finalizer = None
         self._on_drop = None
+        # (directory, manifest entries) of the checkpoint files holding these updates
+        self.checkpointed: tuple[str, list[dict]] | None = None
         if pagefile is not None:
             self._set_pagefile(pagefile, owned)
 

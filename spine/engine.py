@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from arrangedb.pager import MemoryBudget, SpillDirectory
 from arrangedb.spine.context import StorageContext
-from arrangedb.spine import roles
+from arrangedb.spine import persist, roles
 from arrangedb.spine.ingest import Columns, is_file_input, open_batches, target_schemas
 from arrangedb.spine.trace import Trace
 
@@ -27,7 +27,7 @@ from arrangedb.spine.trace import Trace
 # What an engine's first operations would otherwise load inside its measurement.
 _CODE = ("pyarrow.compute", "pyarrow.parquet", "pyarrow.dataset", "zstandard",
          "arrangedb.ops", "arrangedb.spine.storage", "arrangedb.spine.resident",
-         "arrangedb.spine.blockcache", "arrangedb.spine.persist")
+         "arrangedb.spine.blockcache")
 _code_loaded = False
 
 
@@ -111,11 +111,13 @@ class Engine:
         self._traces.append(trace)
         return trace
 
-    def load(self, path) -> Trace:
-        """A trace saved with ``Trace.save``; its page files are read in place."""
-        from arrangedb.spine.persist import load_trace
-
-        trace = load_trace(path, self.ctx)
+    def load(self, path, version: int | None = None) -> Trace:
+        """The trace checkpointed (or saved) at ``path``, at ``version`` (None: the
+        newest), memory-mapped in place: no payload is decoded. It accepts inserts and
+        merges like any trace; its next ``checkpoint()`` writes the next version there."""
+        if self._closed:
+            raise RuntimeError("the engine is closed")
+        trace = persist.load(path, self.ctx, Trace, version)
         self._traces.append(trace)
         return trace
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from arrangedb.spine.batch import Batch
 from arrangedb.spine.context import StorageContext
 from arrangedb.spine.merger import Merger
+from arrangedb.spine.persist import inherit
 
 
 def level_of(n: int) -> int:
@@ -113,7 +114,11 @@ class Spine:
 
     def _merged(self, lvl: Level) -> Batch:
         """The level's merge, finished (a level of one batch is that batch)."""
-        return self._merger(lvl).finish() if lvl.merging else lvl.batches[0]
+        if not lvl.merging:
+            return lvl.batches[0]
+        result = self._merger(lvl).finish()
+        inherit(result, lvl.batches)
+        return result
 
     # -- writing -------------------------------------------------------------------
     def insert(self, batch: Batch) -> None:
@@ -185,7 +190,11 @@ class Spine:
                 self.levels[i] = None
         if not below:
             return
-        merged = below[0] if len(below) == 1 else Merger(below, self.since, self.ctx).finish()
+        if len(below) == 1:
+            merged = below[0]
+        else:
+            merged = Merger(below, self.since, self.ctx).finish()
+            inherit(merged, below)
         self._drop_inputs(below if len(below) > 1 else [])
         if len(merged):
             self._insert_at(merged, index)
@@ -215,7 +224,7 @@ class Spine:
                 merger.work(fuel)
                 if merger.done:
                     self.levels[i] = None
-                    self._promote(merger.result(), lvl.batches, i)
+                    self._promote(self._merged(lvl), lvl.batches, i)
 
     def exert(self, fuel: int) -> None:
         """Spend ``fuel`` units of merge work, starting a merge if none is in progress."""

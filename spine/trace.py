@@ -25,13 +25,14 @@ been advanced and the answer would be wrong.
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.spine import roles
+from arrangedb.spine import persist, roles
 from arrangedb.spine.batch import Batch
 from arrangedb.spine.builder import Builder
 from arrangedb.spine.context import StorageContext
@@ -94,6 +95,7 @@ class Trace:
         self._closed = False
         self._write_lock = threading.RLock()   # one writer at a time (module docstring)
         self._keys_cache: tuple | None = None   # (batches, distinct keys) for stats()
+        self._checkpoint: persist.CheckpointState | None = None
 
     # -- schema ------------------------------------------------------------------------
     @property
@@ -489,13 +491,27 @@ class Trace:
             finally:
                 part.release()
 
-    def save(self, path) -> None:
-        """Write this trace to a directory (page files + manifest) for ``Engine.load``."""
-        from arrangedb.spine.persist import save_trace
-
+    def checkpoint(self, path=None, retain: int = 10) -> int:
+        """Make the trace durable in the directory ``path`` (created when missing) as its
+        next version; returns the version number (1 for a new directory). Only batches the
+        directory does not hold yet are written. ``path=None``: the directory the trace
+        was loaded from or last checkpointed to. Keeps the newest ``retain`` versions.
+        The trace holds the directory's writer role until it is closed; see
+        :mod:`arrangedb.spine.persist` for the guarantees."""
         with self._write_lock:
             self._check_open()
-            save_trace(self, path)
+            return persist.checkpoint(self, path, retain)
+
+    def save(self, path) -> None:
+        """Write this trace to a new directory for ``Engine.load``: a first checkpoint
+        (``FileExistsError`` if ``path`` already holds one), without keeping the writer
+        role."""
+        with self._write_lock:
+            self._check_open()
+            path = os.fspath(path)
+            if persist.is_checkpoint_dir(path):
+                raise FileExistsError(f"{path!r} already holds a saved trace")
+            persist.checkpoint(self, path, release_writer=True)
 
     # -- accounting --------------------------------------------------------------------
     def stats(self) -> dict:
@@ -542,7 +558,11 @@ class Trace:
         with self._write_lock:
             if not self._closed:
                 self._closed = True
-                self.spine.close()
+                try:
+                    self.spine.close()
+                finally:
+                    if self._checkpoint is not None:
+                        self._checkpoint.close()   # the writer role, the lease
 
 
 class Appender:

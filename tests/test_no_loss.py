@@ -347,7 +347,7 @@ def test_a_save_after_a_failed_save_corrupts_no_live_trace(small_disk, tmp_path,
     with arrangedb.Engine(spill_dir=tmp_path, memory_budget="64MiB") as engine:
         checks = [("a", saved_a, ka)] + ([("b", saved, kb)] if saved_a != saved else [])
         for name, path, keys in checks:
-            if not (path / "manifest.json").exists():
+            if not list(path.glob("manifest*.json")):
                 continue                         # its save failed: already a problem
             problem = _read_problem(lambda: engine.load(path).snapshot().read_all(), keys)
             if problem:
@@ -556,7 +556,7 @@ def _damage_cases(kind, src, pages):
     """(label, damaged basenames, damage(dir)) for each case of a sweep over ``src``."""
     cases = []
     if kind in ("page_byte_flips", "manifest_byte_flips"):
-        names = pages if kind == "page_byte_flips" else ["manifest.json"]
+        names = pages if kind == "page_byte_flips" else ["manifest-000001.json"]
         for name in names:
             # ~60 offsets evenly spread, each flipping one bit (a different one in turn)
             offsets = np.unique(np.linspace(0, os.path.getsize(src / name) - 1, 60).astype(int))
@@ -569,7 +569,7 @@ def _damage_cases(kind, src, pages):
                   for name in pages for frac in (0.3, 0.45, 0.6)]
     elif kind == "truncation":
         cases += [(f"{name} cut to half", {name}, lambda d, name=name: _truncate(d / name))
-                  for name in [*pages, "manifest.json"]]
+                  for name in [*pages, "manifest-000001.json"]]
     elif kind == "deletion":
         cases += [(f"{name} deleted", {name}, lambda d, name=name: os.remove(d / name))
                   for name in pages]
@@ -626,7 +626,7 @@ def test_saved_files_take_the_umask_and_spill_files_stay_private(tmp_path):
                            for f in os.listdir(spill) if f.endswith(".pg")}
     finally:
         os.umask(old)
-    assert "manifest.json" in modes and any(f.endswith(".page") for f in modes)
+    assert "manifest-000001.json" in modes and any(f.endswith(".page") for f in modes)
     wrong = {f: oct(m) for f, m in modes.items() if m != 0o640}
     assert not wrong, f"saved files must be 0o640 under umask 0o027: {wrong}"
     assert spill_modes, "no spill files to check"
