@@ -105,6 +105,29 @@ def test_arrangedb_inspect_of_an_intact_directory_succeeds(tmp_path):
     assert out.returncode == 0 and "all checksums ok" in out.stdout
 
 
+def test_arrangedb_inspect_shows_a_checkpoints_versions(tmp_path):
+    import pyarrow as pa
+
+    import arrangedb
+
+    with arrangedb.Engine(spill_dir=tmp_path) as engine:
+        t = engine.arrange(pa.table({"k": np.arange(1000), "v": np.arange(1000) % 7}), key=["k"])
+        t.checkpoint(tmp_path / "ck")
+        t.insert(pa.table({"k": [5], "v": [3]}))
+        t.checkpoint()
+    out = _arrangedb("inspect", tmp_path / "ck")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "2 versions"
+    assert lines[1].split()[:2] == ["version", "1"] and "1,000 updates" in lines[1]
+    assert lines[2].split()[:2] == ["version", "2"] and "1,001 updates" in lines[2]
+    assert "2 page files" in out.stdout and "all checksums ok" in out.stdout
+    manifest = sorted((tmp_path / "ck").glob("manifest-*.json"))[-1]
+    manifest.write_text(manifest.read_text().replace('"since":0', '"since":1'))
+    out = _arrangedb("inspect", tmp_path / "ck")
+    assert out.returncode == 1 and "version 2  ERROR" in out.stdout and "checksum" in out.stdout
+
+
 def test_arrangedb_inspect_of_a_missing_directory_is_a_clear_error(tmp_path):
     out = _arrangedb("inspect", tmp_path / "nope")
     assert out.returncode == 2

@@ -50,9 +50,10 @@ def _parser() -> argparse.ArgumentParser:
     _add_spill_demo_args(sub.add_parser(
         "spill-demo", help="write several times the memory budget through page files and "
                            "scan it back, watching RSS"))
-    inspect = sub.add_parser("inspect", help="list the page files of a spill directory, with "
-                                             "regions, codecs and checksum status")
-    inspect.add_argument("spill_dir", metavar="SPILL_DIR")
+    inspect = sub.add_parser("inspect", help="list the versions of a checkpoint directory and "
+                                             "the page files of it or of a spill directory, "
+                                             "with regions, codecs and checksum status")
+    inspect.add_argument("spill_dir", metavar="PATH")
     return parser
 
 
@@ -74,11 +75,16 @@ def _demo(rest: list[str]) -> int:
 
 
 def _inspect(path: str) -> int:
-    from arrangedb.tools.inspect import format_inspect, inspect_dir
+    from arrangedb.tools.inspect import (format_inspect, format_versions, inspect_dir,
+                                         inspect_versions)
 
+    versions = inspect_versions(path)
+    if versions is not None:
+        print(format_versions(versions) + "\n")
     rows = inspect_dir(path)
     print(format_inspect(rows))
-    return 0 if all(r["ok"] for r in rows) else 1
+    ok = all(r["ok"] for r in rows) and not any("error" in v for v in versions or [])
+    return 0 if ok else 1
 
 
 def main(argv=None) -> int:

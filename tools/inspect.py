@@ -1,9 +1,10 @@
-"""`arrangedb inspect`: what is in a spill directory, and is it intact?
+"""`arrangedb inspect`: what is in a spill or checkpoint directory, and is it intact?
 
 When an engine spills more than expected, or a page file is suspected corrupt, this
 lists every page file under a directory with its regions, codecs, compression and
 checksum status -- without a budget, an engine or a traceback: a file that cannot be
-opened is listed with the reason.
+opened is listed with the reason. A checkpoint directory's versions come first: number,
+time, updates, batches, bytes and the bytes that checkpoint wrote.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ def _page_files(path: str) -> list[str]:
     found = []
     for parent, dirs, files in os.walk(path):
         dirs.sort()
-        found.extend(os.path.join(parent, f) for f in sorted(files) if f.endswith(".pg"))
+        found.extend(os.path.join(parent, f) for f in sorted(files)
+                     if f.endswith((".pg", ".page")))
     return found
 
 
@@ -96,8 +98,38 @@ def _ratio(ratio: float | None) -> str:
     return "no bytes" if ratio == float("inf") else f"{ratio:.2f}x"
 
 
+def inspect_versions(path) -> list[dict] | None:
+    """``arrangedb.versions(path)`` for a checkpoint directory (None for any other); a
+    damaged manifest is a row with an ``error``."""
+    from arrangedb.spine import persist
+
+    top = os.fspath(path)
+    if not os.path.isdir(top) or not persist.is_checkpoint_dir(top):
+        return None
+    rows = []
+    for v in persist.list_versions(top) or [1]:
+        try:
+            rows.extend(r for r in persist.versions(top) if r["version"] == v)
+        except Exception as e:   # noqa: BLE001 - reported, never raised
+            rows.append({"version": v, "error": str(e) or type(e).__name__})
+    return rows
+
+
+def format_versions(rows: list[dict]) -> str:
+    out = [f"{len(rows)} version{'s' * (len(rows) != 1)}"]
+    for r in rows:
+        if "error" in r:
+            out.append(f"  version {r['version']}  ERROR: {r['error']}")
+            continue
+        out.append(f"  version {r['version']}  {r['created']:%Y-%m-%d %H:%M:%S} UTC  "
+                   f"{r['updates']:,} updates  {r['batches']} batches  "
+                   f"{format_size(r['bytes'])}  (wrote {format_size(r['new_bytes'])})")
+    return "\n".join(out)
+
+
 def inspect_dir(path) -> list[dict]:
-    """One row per ``*.pg`` file under ``path`` (recursively), sorted by path.
+    """One row per page file (``*.pg``, ``*.page``) under ``path`` (recursively), sorted
+    by path.
 
     A row: path, name (relative to ``path``), size, ok, error (None or the reason the file
     could not be read) and regions: name, offset, length, codec, codec_version, checksum
