@@ -72,6 +72,12 @@ def _compress_singletons(starts: np.ndarray, n: int, times: np.ndarray,
     if len(starts) > 1:
         same_as_prev[1:] = (single[1:] & single[:-1] & (t_first[1:] == t_first[:-1])
                             & (d_first[1:] == d_first[:-1]))
+    if len(starts) == n and 2 * np.count_nonzero(same_as_prev) < n:
+        # one update per leaf, and runs of equal (time, diff) short (a delta of
+        # retractions and insertions): bounds 0, 1, 2, ... store as a stride, in no
+        # bytes, where dropping the repeats would cost a bound per leaf (the offsets
+        # codec stores long runs of a repeated bound in O(1), short ones at 4 bytes)
+        return np.arange(n + 1, dtype=np.uint64), np.ones(n, dtype=bool)
     keep = np.ones(n, dtype=bool)
     keep[starts[same_as_prev]] = False
     stored = np.where(same_as_prev, 0, counts)

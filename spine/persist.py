@@ -114,9 +114,29 @@ def _table_from(b64: str) -> pa.Table:
     return pa.ipc.open_stream(pa.py_buffer(base64.b64decode(b64))).read_all()
 
 
-def _checksum(manifest: dict) -> int:
+_CHECKSUM_FIELD = b',"checksum":'
+
+
+def _canonical_checksum(manifest: dict) -> int:
+    """Format 2: XXH3-64 of the canonical JSON (keys sorted) without the checksum."""
     body = {k: v for k, v in manifest.items() if k != "checksum"}
     return checksum64(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+
+
+def _encode_manifest(manifest: dict) -> bytes:
+    """Format 3: the manifest's JSON with ``"checksum"`` as its last member, the XXH3-64
+    of every byte before that member (no re-serialization to check it)."""
+    body = json.dumps(manifest, separators=(",", ":")).encode()
+    head = body[:-1]   # all but the closing brace
+    return head + _CHECKSUM_FIELD + str(checksum64(head)).encode() + b"}"
+
+
+def _checksum_ok(raw: bytes, m: dict) -> bool:
+    if m.get("version") == 2:
+        return m["checksum"] == _canonical_checksum(m)
+    # a JSON string cannot hold an unescaped quote: the last occurrence is the member
+    at = raw.rfind(_CHECKSUM_FIELD)
+    return at > 0 and m["checksum"] == checksum64(raw[:at])
 
 
 def read_manifest(path: str, version: int | None = None) -> dict:
@@ -141,7 +161,8 @@ def read_manifest(path: str, version: int | None = None) -> dict:
             raise FileNotFoundError(f"{path!r} holds one saved version (1), not {version}")
     try:
         with open(mpath, "rb") as f:
-            m = json.loads(f.read())
+            raw = f.read()
+        m = json.loads(raw)
         if not isinstance(m, dict):
             raise ValueError("not a JSON object")
     except (OSError, ValueError) as e:
@@ -152,12 +173,20 @@ def read_manifest(path: str, version: int | None = None) -> dict:
     if fmt not in (1, 2, FORMAT_VERSION) or (fmt == 1) == ("checksum" in m):
         raise ManifestError(f"{mpath!r} has manifest format version {fmt!r}; this "
                             f"arrangedb reads versions 1 to {FORMAT_VERSION}")
-    if fmt >= 2 and m["checksum"] != _checksum(m):
+    if fmt >= 2 and not _checksum_ok(raw, m):
         raise ManifestError(f"{mpath!r}: checksum mismatch (the manifest is damaged)")
     if fmt == FORMAT_VERSION and m.get("checkpoint") != version:
         raise ManifestError(f"{mpath!r} names version {m.get('checkpoint')!r}, not {version}")
     m["__path__"], m["__version__"] = mpath, version or 1
     return m
+
+
+def _schemas(m: dict) -> tuple:
+    return m["key_schema"], m["val_schema"]
+
+
+def _schemas_of(trace) -> tuple:
+    return _schema_b64(trace.key_schema), _schema_b64(trace.val_schema)
 
 
 def _span(versions: list[int]) -> str:
@@ -194,6 +223,7 @@ class CheckpointState:
     lock: DirectoryLock | None = None
     lease: Lease | None = None
     read_files: set = field(default_factory=set)   # files of ``path`` the trace maps
+    files: dict = field(default_factory=dict)      # version -> its files, as far as known
 
     def close(self) -> None:
         if self.lease is not None:
@@ -243,7 +273,7 @@ def checkpoint(trace, path, retain: int = 10, release_writer: bool = False) -> i
     if not held:
         lock.acquire()   # DirectoryLocked names the other writer
     try:
-        version = _write_version(trace, path, state if same else None, retain)
+        version, known = _write_version(trace, path, state if same else None, retain)
     except BaseException:
         if not held:
             lock.release()
@@ -254,27 +284,28 @@ def checkpoint(trace, path, retain: int = 10, release_writer: bool = False) -> i
     else:
         if state is not None:
             state.close()
-        trace._checkpoint = state = CheckpointState(path, version, lock)
+        trace._checkpoint = state = CheckpointState(path, version, lock, files=known)
     if release_writer:
         state.lock.release()
         state.lock = None
     return version
 
 
-def _write_version(trace, path: str, state: CheckpointState | None, retain: int) -> int:
+def _write_version(trace, path: str, state: CheckpointState | None, retain: int
+                   ) -> tuple[int, dict]:
+    """Write the next version; returns it and the files of each retained version known."""
     versions = list_versions(path)
     base = state.version if state is not None else 0
     latest = versions[-1] if versions else 0
     if latest != base:
+        # (a trace continuing ``latest`` was loaded from it or wrote it: same schema)
+        if base == 0 and _schemas(read_manifest(path, latest)) != _schemas_of(trace):
+            raise CheckpointConflict(f"{path!r} holds a trace of another schema "
+                                     f"(version {latest})")
         raise CheckpointConflict(
             f"{path!r} is at version {latest}, but this trace continues version {base}: "
             f"it would fork the history (load version {latest} to continue it, or "
             f"checkpoint into another directory)")
-    if latest:
-        m = read_manifest(path, latest)
-        if (m["key_schema"], m["val_schema"]) != (_schema_b64(trace.key_schema),
-                                                  _schema_b64(trace.val_schema)):
-            raise CheckpointConflict(f"{path!r} holds a trace of another schema")
     io = disk()
     _remove_temporaries(path)
     if trace.ctx.resident is not None:   # a version is page files: resident batches first
@@ -312,11 +343,10 @@ def _write_version(trace, path: str, state: CheckpointState | None, retain: int)
             "bytes": sum(e["size"] for e in entries), "new_bytes": new_bytes,
             "batches": entries,
         }
-        manifest["checksum"] = _checksum(manifest)
         final = os.path.join(path, manifest_name(version))
         tmp = f"{final}.{token}.tmp"
         written.append(tmp)
-        io.write_file(tmp, json.dumps(manifest, separators=(",", ":")).encode())
+        io.write_file(tmp, _encode_manifest(manifest))
         io.rename(tmp, final)
         written[-1] = final   # not durable until the directory is: a failure takes it back
         io.fsync_dir(path)
@@ -326,11 +356,15 @@ def _write_version(trace, path: str, state: CheckpointState | None, retain: int)
         raise
     for batch, entry in marks:
         batch.checkpointed = (path, [entry])
+    files = {e["file"] for e in entries}
+    if state is not None:
+        state.files[version] = files
+    known = state.files if state is not None else {version: files}
     try:
-        _retain(path, version, retain, state)
+        _retain(path, version, retain, state, known)
     except OSError:
         pass   # the version is durable; what retention left, the next checkpoint collects
-    return version
+    return version, known
 
 
 def _remove_temporaries(path: str) -> None:
@@ -340,7 +374,8 @@ def _remove_temporaries(path: str) -> None:
             disk().unlink_quietly(os.path.join(path, name))
 
 
-def _retain(path: str, newest: int, retain: int, state: CheckpointState | None) -> None:
+def _retain(path: str, newest: int, retain: int, state: CheckpointState | None,
+            known: dict) -> None:
     """Drop versions older than the newest ``retain``, then every page file nothing
     needs. Manifests go first: a reader checks its version's manifest after taking its
     lease, so a file is never collected under a reader that found it named."""
@@ -354,10 +389,14 @@ def _retain(path: str, newest: int, retain: int, state: CheckpointState | None) 
     if state is not None:
         needed |= state.read_files
     for v in kept:
-        try:
-            needed.update(e["file"] for e in read_manifest(path, v)["batches"])
-        except (ManifestError, FileNotFoundError):
-            return   # a damaged retained version: collect nothing rather than guess
+        if v not in known:   # a version this trace neither wrote nor loaded
+            try:
+                known[v] = {e["file"] for e in read_manifest(path, v)["batches"]}
+            except (ManifestError, FileNotFoundError):
+                return   # a damaged retained version: collect nothing rather than guess
+        needed |= known[v]
+    for v in [v for v in known if v not in kept]:
+        del known[v]
     for name in os.listdir(path):
         if name.endswith(_PAGE_SUFFIX) and name not in needed:
             io.unlink_quietly(os.path.join(path, name))
@@ -392,7 +431,8 @@ def load(path, ctx, make_trace, version: int | None = None):
             lease.release()
         raise
     if not legacy:
-        trace._checkpoint = CheckpointState(path, v, lease=lease, read_files=files)
+        trace._checkpoint = CheckpointState(path, v, lease=lease, read_files=files,
+                                            files={v: files})
     return trace
 
 

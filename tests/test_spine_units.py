@@ -223,6 +223,20 @@ def test_snapshot_layout_is_singleton_compressed_and_stride_bounds():
     assert (np.diff(layout.key_bounds.astype(np.int64)) == 1).all()  # stride 1: O(1) stored
 
 
+def test_a_delta_of_single_updates_keeps_stride_bounds():
+    """Retractions and insertions alternating (a 1% delta): one update per leaf with short
+    runs of equal (time, diff) -- the bounds stay a stride (no bytes), the diffs stored."""
+    n = 10_000
+    diffs = np.where(np.arange(n) % 2 == 0, -1, 1).astype(np.int64)
+    upd = Updates(pa.table({"k": np.arange(n) // 2}), pa.table({"v": np.arange(n)}),
+                  np.ones(n, np.uint64), diffs)
+    layout = to_layout(consolidate(upd))
+    assert (np.diff(layout.val_bounds.astype(np.int64)) == 1).all()
+    assert layout.diffs.tolist() == diffs.tolist()
+    back = from_layout(layout)
+    assert (back.diffs == diffs).all() and (back.times == 1).all()
+
+
 # -- spine -----------------------------------------------------------------------------------
 
 def test_levels_are_geometric():
