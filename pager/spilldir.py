@@ -1,8 +1,9 @@
 """SpillDirectory: one private directory per engine under a spill root.
 
-The root is the argument, else ``$ARRANGEDB_SPILL_DIR``, else the system temp dir. It is
-checked when the engine starts -- missing or unwritable roots fail there, not at the
-first spill. Each engine gets ``<root>/arrangedb-<pid>-<random>`` (0700, files 0600) with
+The root is the argument, else ``$ARRANGEDB_SPILL_DIR``, else the system temp dir. A
+missing root is created with its parents (0700), as DuckDB's ``temp_directory`` and
+Spark's ``spark.local.dir`` are; one that is a file or cannot be written fails when the
+engine starts, not at the first spill. Each engine gets ``<root>/arrangedb-<pid>-<random>`` (0700, files 0600) with
 an ``owner`` file holding the process id and its start time; at the next start, any
 directory whose owner is dead (or whose pid was reused by a process started at another
 time) is removed. Two engines in one or two processes never share a directory.
@@ -33,6 +34,24 @@ def _start_time(pid: int) -> float | None:
         return psutil.Process(pid).create_time()
     except (psutil.Error, OSError):
         return None
+
+
+def _make_private_dirs(path: str) -> None:
+    """Create ``path`` and its missing parents, each 0700 (``os.makedirs`` gives the
+    parents the umask's mode)."""
+    missing = []
+    while not os.path.isdir(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for p in reversed(missing):
+        try:
+            os.mkdir(p, 0o700)
+        except FileExistsError:
+            if not os.path.isdir(p):
+                raise
 
 
 def remove_stale(root: str) -> list[str]:
@@ -68,10 +87,15 @@ class SpillDirectory:
         root = os.fspath(root) if root is not None else (
             os.environ.get(ENV_VAR) or tempfile.gettempdir())
         self.root = os.path.abspath(root)
-        if not os.path.isdir(self.root):
-            raise SpillError(errno.ENOENT,
-                             f"spill directory root {self.root!r} does not exist or is not a "
-                             f"directory (set spill_dir= or {ENV_VAR})")
+        if os.path.exists(self.root) and not os.path.isdir(self.root):
+            raise SpillError(errno.ENOTDIR,
+                             f"spill directory root {self.root!r} is not a directory "
+                             f"(set spill_dir= or {ENV_VAR})")
+        try:
+            _make_private_dirs(self.root)
+        except OSError as e:
+            raise SpillError(e.errno, f"spill directory root {self.root!r} cannot be created: "
+                                      f"{e.strerror} (set spill_dir= or {ENV_VAR})") from e
         if not os.access(self.root, os.W_OK | os.X_OK):
             raise SpillError(errno.EACCES,
                              f"spill directory root {self.root!r} is not writable by this user")

@@ -73,6 +73,13 @@ def engine_for(stream_schema: pa.Schema | None = None, engine=None, who: str = "
 
 
 class Engine:
+    """One memory budget and one spill directory, and the traces arranged under them.
+
+    ``spill_dir``: where the engine's private spill directory goes (created when
+    missing), else ``$ARRANGEDB_SPILL_DIR``, else the temp dir. ``memory_budget``: bytes
+    or a size such as "512MiB". ``codec``: "auto" (chosen per column) or a codec name.
+    Use it as a context manager: closing drops its traces and spill files."""
+
     def __init__(self, spill_dir=None, memory_budget="1GiB", codec: str = "auto"):
         _load_code()
         self.budget = MemoryBudget(memory_budget)

@@ -83,6 +83,9 @@ def _pieces(stream, max_cost: int):
 
 
 class Trace:
+    """An arrangement: updates indexed by key, read as snapshots, lookups, changes and
+    cursors, written by ``insert``, made durable by ``checkpoint`` (module docstring)."""
+
     def __init__(self, ctx: StorageContext, key_schema: pa.Schema, val_schema: pa.Schema | None,
                  columns: Columns, name: str | None = None):
         self.ctx = ctx

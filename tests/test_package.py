@@ -21,11 +21,27 @@ def test_codecs_is_still_the_standard_library():
 
 
 def test_public_api_names():
+    """Every exported name is what its module defines, is documented in the README, and
+    an unknown name is an AttributeError, not None."""
+    import inspect
+    import pathlib
+
+    import pytest
+
     import arrangedb
 
-    for name in ["Engine", "Trace", "TraceHandle", "SchemaError", "MemoryBudget",
-                 "BudgetExceeded", "SpillError", "PageFileError", "join", "reduce",
-                 "distinct", "top_k", "threshold", "group_by"]:
-        assert getattr(arrangedb, name) is not None
+    readme = (pathlib.Path(arrangedb.__file__).parent / "README.md").read_text()
+    for name in arrangedb.__all__:
+        value = getattr(arrangedb, name)
+        module = importlib.import_module(arrangedb._EXPORTS[name])
+        assert value is getattr(module, name), name
+        assert inspect.isclass(value) or inspect.isfunction(value), name
+        assert value.__doc__, f"{name} has no docstring"
+        assert name in readme, f"{name} is not mentioned in the README"
+        assert name in dir(arrangedb)
+    assert {"Engine", "Trace", "join", "group_by", "versions", "CorruptionError"} \
+        <= set(arrangedb.__all__)
+    with pytest.raises(AttributeError, match="no attribute 'nonesuch'"):
+        arrangedb.nonesuch  # noqa: B018
     for layer in ["pager", "codecs", "spine", "ops", "spark_integration", "tools"]:
         importlib.import_module(f"arrangedb.{layer}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import stat
 import struct
 import subprocess
 import sys
@@ -677,18 +678,27 @@ def test_root_argument_then_environment_then_tempdir(tmp_path, monkeypatch):
         assert os.path.dirname(s.path) == str(tmp)
 
 
-def test_missing_root_fails_at_construction_naming_it(tmp_path):
-    with pytest.raises(SpillError, match="does not exist") as exc:
-        SpillDirectory(tmp_path / "nope")
-    assert str(tmp_path / "nope") in str(exc.value)
+def test_a_missing_root_is_created_with_its_parents_private(tmp_path):
+    root = tmp_path / "data" / "tmp" / "arrangedb"
+    with SpillDirectory(root) as s:
+        assert os.path.dirname(s.path) == str(root)
+        assert stat.S_IMODE(os.stat(root).st_mode) == 0o700
+        assert stat.S_IMODE(os.stat(root.parent).st_mode) & 0o077 == 0
 
 
 def test_root_under_a_file_fails_at_construction_naming_it(tmp_path):
     (tmp_path / "plain-file").write_text("x")
     bad = tmp_path / "plain-file" / "spill"       # ENOTDIR whoever we run as
-    with pytest.raises(SpillError) as exc:
+    with pytest.raises(SpillError, match="cannot be created") as exc:
         SpillDirectory(bad)
     assert str(bad) in str(exc.value)
+
+
+def test_root_that_is_a_file_fails_at_construction_naming_it(tmp_path):
+    (tmp_path / "plain-file").write_text("x")
+    with pytest.raises(SpillError, match="not a directory") as exc:
+        SpillDirectory(tmp_path / "plain-file")
+    assert str(tmp_path / "plain-file") in str(exc.value)
 
 
 def test_unwritable_root_fails_at_construction_naming_it(spill_root):
