@@ -93,12 +93,12 @@ class Spine:
         if self._depth:
             yield
             return
-        levels, pending, since = list(self.levels), list(self.pending), self.since
+        saved = list(self.levels), list(self.pending), self.since, self.physical
         self._depth += 1
         try:
             yield
         except BaseException:
-            self.levels, self.pending, self.since = levels, pending, since
+            self.levels, self.pending, self.since, self.physical = saved
             for lvl in self.levels:   # a merge that failed starts afresh next time
                 if lvl is not None and lvl.merger is not None and lvl.merger.failed:
                     lvl.merger = None
