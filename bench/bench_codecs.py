@@ -10,7 +10,7 @@ Each applicable codec is measured beside the baseline of the same run: one
 Ratios are raw bytes / encoded bytes, where raw is the sum of the Arrow array's buffer
 sizes (numpy: ``nbytes``); MB/s are raw bytes per second (best of the rounds). Targets
 (asserted at full scale only): low-cardinality string columns >= 8x smaller than raw;
-decode of plain, dict, decimal and stride offsets >= 2 GB/s; zstd blocks >= 500 MB/s.
+decode of plain, dict, scaled_float and stride offsets >= 2 GB/s; zstd blocks >= 500 MB/s.
 
 Scale: ``ARRANGEDB_BENCH_SCALE=full`` (4M rows) or anything else (50k rows, smoke).
 """
@@ -47,7 +47,7 @@ APPLICABLE = {
     "status": ["plain", "dict", "zstd", "auto"],
     "priority": ["plain", "dict", "zstd", "auto"],
     "orderdate": ["plain", "for", "dict", "zstd", "auto"],
-    "totalprice": ["plain", "decimal", "zstd", "auto"],
+    "totalprice": ["plain", "scaled_float", "zstd", "auto"],
     "comment": ["plain", "zstd", "auto"],
     "orderkey": ["plain", "for", "zstd", "auto"],
     "bounds_stride": ["plain", "offsets", "auto"],
@@ -169,7 +169,7 @@ def test_codec(benchmark, columns, summary, column, codec):
         return
     if column in LOW_CARDINALITY and enc.codec == "dict":
         assert ratio >= MIN_LOW_CARD_RATIO, row
-    fast = enc.codec in ("plain", "dict", "decimal") or (
+    fast = enc.codec in ("plain", "dict", "scaled_float") or (
         enc.codec == "offsets" and enc.meta["form"] in ("stride", "const"))
     if fast:
         assert row["decode_mbs"] >= MIN_FAST_DECODE_MBS, row

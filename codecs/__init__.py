@@ -9,8 +9,9 @@ them, where it can. A codec that does not apply to the input (``offsets`` on
 strings, ``for`` on floats...) falls back to ``plain``; ``Encoded.codec`` says which was
 used. Every failure to decode is a ``CodecError``.
 
-Codecs: ``plain``, ``offsets``, ``dict``, ``for``, ``decimal``, ``zstd``; ``auto`` is
-``choose_codec``.
+Codecs: ``plain``, ``offsets``, ``dict``, ``for``, ``scaled_float``, ``arrow_decimal``,
+``zstd``; ``auto`` is ``choose_codec``. ``decimal``, the old name of ``scaled_float``,
+still decodes.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ import zstandard
 from arrangedb.codecs.base import REGISTRY, CodecError, Encoded, lookup
 from arrangedb.codecs.plain import PLAIN
 # imported to register their codecs
-from arrangedb.codecs import decimal, dictionary, frame, offsets, zstd_blocks  # noqa: F401
+from arrangedb.codecs import (arrow_decimal, dictionary, frame, offsets,  # noqa: F401
+                              scaled_float, zstd_blocks)
 from arrangedb.codecs.choose import choose_codec
 
 CODECS = REGISTRY
@@ -118,10 +120,11 @@ def segment_sums(codec: str, version: int, meta: dict, buffers, starts) -> np.nd
     the encoded values, computed on the encoding without decoding it; None when the
     codec cannot (decode and sum instead). ``starts`` strictly increasing from 0.
 
-    Integers sum as int64 (wrapping, as a sum of the decoded values would); decimal
-    floats sum exactly on their scaled integers, one division per segment -- the
-    correctly rounded sum, which may differ from adding the floats one by one in the
-    last bits. Columns with nulls are declined.
+    Integers sum as int64 (wrapping, as a sum of the decoded values would); Arrow
+    decimals as their unscaled integers (int64, declined when a sum could leave it);
+    decimal floats (``scaled_float``) exactly on their scaled integers, one division per
+    segment -- the correctly rounded sum, which may differ from adding the floats one
+    by one in the last bits. Columns with nulls are declined.
     """
     chosen = lookup(codec, version)
     starts = np.asarray(starts, np.int64)

@@ -9,9 +9,10 @@ Rules (in order):
   the smaller estimate wins;
 - strings/binaries: ``dict`` on the same test, else ``zstd`` when a sample compresses
   >= 1.5x, else ``plain``;
-- float64 whose values are exact decimals of <= 6 digits (amounts, prices): ``decimal``
-  when the scaled integers fit in 4 bytes or fewer; other floats: ``zstd`` or ``plain``
-  on the same sample test.
+- float64 whose values are exact decimals of <= 6 digits (amounts, prices):
+  ``scaled_float`` when the scaled integers fit in 4 bytes or fewer; other floats:
+  ``zstd`` or ``plain`` on the same sample test;
+- Arrow decimals: ``arrow_decimal`` (their unscaled integers).
 
 Everything is vectorized: full passes are numpy/Arrow kernels (min/max, a monotonicity
 test, a hashed distinct count), and the compressibility test compresses ~32 KiB.
@@ -24,10 +25,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from arrangedb.codecs.base import binary_offset_dtype, int_storage_dtype, is_arrow
-from arrangedb.codecs.decimal import decimal_width
 from arrangedb.codecs.dictionary import code_bits
 from arrangedb.codecs.frame import for_plan, int_values
 from arrangedb.codecs.plain import encode_parts
+from arrangedb.codecs.scaled_float import scaled_float_width
 from arrangedb.codecs.zstd_blocks import compressor
 
 TINY = 64
@@ -144,13 +145,15 @@ def choose_codec(values) -> str:
         return _choose_int(vals, valid, False)
     if pa.types.is_floating(t) and values.null_count < n:
         return _choose_float(values)
+    if pa.types.is_decimal(t):
+        return "arrow_decimal"
     return "plain"
 
 
 def _choose_float(values) -> str:
-    """``decimal`` for amounts and prices (exact scaled integers) when it halves them at
-    least -- ten times faster than zstd both ways; else zstd if it compresses."""
-    width = decimal_width(values)
+    """``scaled_float`` for amounts and prices (exact scaled integers) when it halves
+    them at least -- ten times faster than zstd both ways; else zstd if it compresses."""
+    width = scaled_float_width(values)
     if width is not None and width <= 4:     # at most half of a float64
-        return "decimal"
+        return "scaled_float"
     return "zstd" if compresses(values) else "plain"

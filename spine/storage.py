@@ -102,7 +102,7 @@ def decode_column(pagefile, group: dict, cache=None, dictionary: bool = False):
     snapshot batch) would fault mapped pages back in after the reader released them,
     out of the budget's sight. One copy per read keeps the mapped pages' lifetime to
     the read itself: the reader releases them right after decoding. Encodings whose
-    decode computes every output (frame of reference, decimal) need no copy.
+    decode computes every output (for, scaled_float, arrow_decimal) need no copy.
 
     zstd columns with a ``cache`` (:class:`BlockCache`) decode from cached blocks,
     decompressing (straight out of the mapping: that is the copy) only the missing ones.

@@ -16,7 +16,7 @@ from arrangedb.codecs import (
     decodes_fresh, encode, segment_sums, take, take_dictionary,
 )
 
-NAMES = ["plain", "offsets", "dict", "for", "decimal", "zstd"]
+NAMES = ["plain", "offsets", "dict", "for", "scaled_float", "arrow_decimal", "zstd"]
 SETTINGS = settings(max_examples=200, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -395,8 +395,8 @@ TRUNCATABLE = [
     (pa.array(["abc", None, "de"] * 100), "dict"),
     (pa.array(["abc", None, "de"] * 100), "zstd"),
     (pa.array([1, None, 300] * 100, pa.int64()), "for"),
-    (np.random.default_rng(8).integers(0, 10**6, 1000) / 100, "decimal"),
-    (pa.array([1.25, None, 300.5] * 100, pa.float64()), "decimal"),
+    (np.random.default_rng(8).integers(0, 10**6, 1000) / 100, "scaled_float"),
+    (pa.array([1.25, None, 300.5] * 100, pa.float64()), "scaled_float"),
     (pa.array([[1], None] * 10), "plain"),
 ]
 
@@ -543,12 +543,12 @@ def test_choose_other_columns():
     assert choose_codec(rng.choice(np.array([3, 10**15, -(10**17)]), 10_000)) == "dict"
     assert choose_codec(pa.array(rng.random(10_000))) == "plain"
     prices = np.round(rng.uniform(1, 500_000, 10_000), 2)
-    assert choose_codec(pa.array(prices)) == "decimal"       # 2 decimals: 4-byte integers
-    assert choose_codec(prices) == "decimal"
+    assert choose_codec(pa.array(prices)) == "scaled_float"   # 2 decimals: 4-byte integers
+    assert choose_codec(prices) == "scaled_float"
     enc = encode(prices)
     assert enc.meta["digits"] == 2 and enc.nbytes <= prices.nbytes // 2
-    assert choose_codec(np.round(rng.uniform(0, 1e12, 10_000), 6)) != "decimal"  # > 4 bytes
-    assert choose_codec(np.append(prices, -0.0)) != "decimal"
+    assert choose_codec(np.round(rng.uniform(0, 1e12, 10_000), 6)) != "scaled_float"  # > 4 B
+    assert choose_codec(np.append(prices, -0.0)) != "scaled_float"
     words = np.array(["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"])
     comments = pa.array([" ".join(rng.choice(words, 6)) + str(i) for i in range(5000)])
     assert choose_codec(comments) == "zstd"
@@ -674,15 +674,15 @@ def test_decimal_refuses_digits_it_could_not_read_back_and_ignores_what_lies_und
 
     x = np.array([0.1234567, 1.0] * 50)
     for digits in (7, -1, 2):      # out of range, or too few for these values
-        assert encode(x, "decimal", digits=digits).codec == "plain"
-    assert encode(x, "decimal", digits=None).codec == "plain"   # 7 digits: beyond the max
+        assert encode(x, "scaled_float", digits=digits).codec == "plain"
+    assert encode(x, "scaled_float", digits=None).codec == "plain"   # 7 digits: beyond the max
     data = np.array([1.25, 1e308, 2.5], np.float64)             # 1e308 sits under a null
     arr = pa.Array.from_buffers(pa.float64(), 3, [pa.py_buffer(np.packbits(
         [1, 0, 1], bitorder="little")), pa.py_buffer(data)])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        enc, _, out = roundtrip(arr, "decimal")
-    assert enc.codec == "decimal" and out.to_pylist() == [1.25, None, 2.5]
+        enc, _, out = roundtrip(arr, "scaled_float")
+    assert enc.codec == "scaled_float" and out.to_pylist() == [1.25, None, 2.5]
 
 
 @SETTINGS
@@ -697,7 +697,7 @@ def test_decimal_decodes_narrow_frames_exactly_near_the_float_limit(base, spread
     ints = base + np.random.default_rng(seed).integers(0, spread, n)
     ints = ints[np.abs(ints) < 2**53]
     x = ints / np.float64(10.0 ** digits)
-    enc, meta, _ = roundtrip(x, "decimal")
+    enc, meta, _ = roundtrip(x, "scaled_float")
     lo = data.draw(st.integers(0, len(x)))
     hi = data.draw(st.integers(lo, len(x)))
     got = decode_range(enc.codec, enc.version, meta, as_stored(enc.buffers, "numpy"), lo, hi)
@@ -715,7 +715,7 @@ def _overlaps(out, buffers) -> bool:
     return any(lo < hi2 and lo2 < hi for lo, hi in outs for lo2, hi2 in spans)
 
 
-@pytest.mark.parametrize("codec", ["for", "decimal", "plain", "offsets"])
+@pytest.mark.parametrize("codec", ["for", "scaled_float", "plain", "offsets"])
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.integers(0, 10**6), min_size=1, max_size=300), st.booleans(),
        st.booleans())
@@ -724,7 +724,7 @@ def test_decodes_fresh_means_no_view_of_the_buffers(codec, ints, arrow, nulls):
     must not hand any of those bytes back. (plain does hand views back: the test
     would catch a claim otherwise.)"""
     values = np.asarray(ints, np.int64)
-    if codec == "decimal":
+    if codec == "scaled_float":
         values = values / 100.0
     elif codec == "offsets":
         values = np.cumsum(values).astype(np.uint64)
@@ -809,13 +809,13 @@ def test_segment_sums_of_decimals_are_their_exact_sums_rounded(ints, digits, arr
         x = pa.array(x, mask=np.arange(len(x)) % 3 == 0 if nulls else None)
     else:
         nulls = False
-    enc = encode(x, "decimal")
+    enc = encode(x, "scaled_float")
     starts = data.draw(_segments(len(ints)))
     got = segment_sums(enc.codec, enc.version, enc.meta, as_stored(enc.buffers), starts)
     if enc.meta.get("validity"):
         assert got is None
         return
-    assert enc.codec == "decimal"
+    assert enc.codec == "scaled_float"
     if enc.meta["ints"]["form"] != "for":
         assert got is None
         return

@@ -1,4 +1,4 @@
-"""decimal: floats that are decimals of a few digits (prices, amounts) as scaled integers.
+"""scaled_float: floats that are decimals of a few digits (prices, amounts) as scaled integers.
 
 Design
 ------
@@ -12,6 +12,9 @@ Decoding is exact because the encoder checks exactly the division the decoder do
 NaN, infinities and -0.0 never pass that check, so columns holding them are not
 applicable (``plain`` or ``zstd`` take them). Arrow float64 arrays keep their nulls as a
 validity bitmap; the integer under a null is 0.
+
+Page files written before Arrow decimals got their own codec (``arrow_decimal``) name
+this one ``decimal``: that name still decodes, and no longer encodes.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from arrangedb.codecs.base import (
-    Codec, Encoded, arrow_meta, check, clamp_range, is_arrow, meta_dtype, meta_length,
+    Codec, CodecError, Encoded, arrow_meta, check, clamp_range, is_arrow, meta_dtype, meta_length,
     narrow_uint, normalize_arrow, numpy_meta, pop_validity, register, str_to_type, valid_mask,
     validity_of,
 )
@@ -75,8 +78,8 @@ def _floats(values):
     return data, valid_mask(arr)
 
 
-class Decimal(Codec):
-    name = "decimal"
+class ScaledFloat(Codec):
+    name = "scaled_float"
 
     def encode(self, values, digits: int | None = None, **options):
         got = _floats(values)
@@ -124,7 +127,7 @@ class Decimal(Codec):
         digits = meta["digits"]
         check(isinstance(digits, int) and 0 <= digits <= MAX_DIGITS,
               f"bad decimal digits {digits!r}")
-        check(meta_dtype(ints) == np.int64, "decimal ints")
+        check(meta_dtype(ints) == np.int64, "scaled_float ints")
         base = int(np.uint64(ints["base"] % 2 ** 64).view(np.int64))
         if meta_length(ints) * (abs(base) + 2 ** (8 * ints["width"])) >= 1 << 63:
             return None
@@ -137,13 +140,13 @@ class Decimal(Codec):
         check(isinstance(digits, int) and 0 <= digits <= MAX_DIGITS,
               f"bad decimal digits {digits!r}")
         if meta["kind"] == "numpy":
-            check(meta_dtype(meta) == np.float64, "decimal decodes float64 only")
+            check(meta_dtype(meta) == np.float64, "scaled_float decodes float64 only")
             start, stop = clamp_range(n, start, stop)
             return _decode_floats(meta, buffers, start, stop, digits)
         check(meta["kind"] == "arrow", f"unknown kind {meta.get('kind')!r}")
         if (start, stop) != (0, None):
             return super().decode_range(version, meta, buffers, start, stop)
-        check(str_to_type(meta["type"]) == pa.float64(), "decimal decodes float64 only")
+        check(str_to_type(meta["type"]) == pa.float64(), "scaled_float decodes float64 only")
         buffers = list(buffers)
         validity = pa.py_buffer(pop_validity(buffers, n)) if meta["validity"] else None
         floats = _decode_floats(meta, buffers, 0, n, digits)
@@ -160,18 +163,32 @@ def _decode_floats(meta, buffers, start, stop, digits) -> np.ndarray:
     floats = decode_as_float(ints_meta, buffers, start, stop)
     if floats is None:
         ints = FOR.decode_range(FOR.version, ints_meta, buffers, start, stop)
-        check(ints.dtype == np.int64 and len(ints) == stop - start, "decimal ints")
+        check(ints.dtype == np.int64 and len(ints) == stop - start, "scaled_float ints")
         return _back(ints, digits)
-    check(meta_dtype(ints_meta) == np.int64, "decimal ints")
+    check(meta_dtype(ints_meta) == np.int64, "scaled_float ints")
     floats /= np.float64(10.0 ** digits)
     return floats
 
 
-DECIMAL = register(Decimal())
+SCALED_FLOAT = register(ScaledFloat())
 
 
-def decimal_width(values) -> int | None:
-    """Bytes per value ``decimal`` stores for ``values``, or None when it does not apply
+class _OldName(ScaledFloat):
+    """``scaled_float`` under the name it had until Arrow decimals got a codec of their
+    own: page files written before name their regions' codec ``decimal``. Decodes only."""
+
+    name = "decimal"
+
+    def encode(self, values, **options):
+        raise CodecError("codec 'decimal' is read-only: floats of few decimals are "
+                         "written as 'scaled_float', Arrow decimals as 'arrow_decimal'")
+
+
+register(_OldName())
+
+
+def scaled_float_width(values) -> int | None:
+    """Bytes per value ``scaled_float`` stores for ``values``, or None when it does not apply
     (for ``choose_codec``)."""
     digits = decimal_digits(values)
     if digits is None:
