@@ -8,8 +8,9 @@ module for *codes*: one numpy array per input whose elements compare (``<``, ``=
 Design
 ------
 - Fast path: a single fixed-width column without nulls (integers, dates, timestamps,
-  durations, booleans, floats) is its own code -- the values viewed as numpy, zero-copy
-  for integers. Such codes are *absolute*: codes computed separately for two tables
+  durations, booleans, floats, decimals of up to 18 digits) is its own code -- the
+  values viewed as numpy, zero-copy for integers, decimals as their unscaled integers.
+  Such codes are *absolute*: codes computed separately for two tables
   compare correctly with each other.
 - General path (strings, binaries, several columns, nulls): dense ranks computed jointly
   over all the inputs of one operation, with Arrow's sort (byte-wise order for strings,
@@ -30,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from arrangedb.codecs import parallel
+from arrangedb.codecs.arrow_decimal import decimal_words, unscaled_int64
 
 PARALLEL_SORT_FROM = 1 << 17   # rows; below, handing half to a thread saves too little
 
@@ -46,10 +48,21 @@ def is_absolute(types: list[pa.DataType]) -> bool:
         or pa.types.is_floating(t)
         or pa.types.is_boolean(t)
         or pa.types.is_temporal(t)
+        or _int64_decimal(t)
     )
 
 
+def _int64_decimal(t: pa.DataType) -> bool:
+    """A decimal type whose unscaled values always fit in int64: their own codes."""
+    return pa.types.is_decimal(t) and (t.byte_width <= 8 or t.precision <= 18)
+
+
 def _column_values(col) -> np.ndarray:
+    if pa.types.is_decimal(col.type):   # a scale per type: unscaled integers order alike
+        ints = unscaled_int64(col)        # (chunk by chunk: no 16-byte concatenation)
+        if ints is None:
+            raise ValueError(f"a {col.type} column holds values beyond its precision")
+        return ints
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
     t = col.type
@@ -128,6 +141,8 @@ def _column_rank(arr: pa.Array) -> np.ndarray:
     if pa.types.is_dictionary(t):
         arr = arr.dictionary_decode()
         t = arr.type
+    if pa.types.is_decimal(t):
+        return _decimal_rank(arr)
     if is_absolute([t]):
         valid = None if arr.null_count == 0 else arr.is_valid().to_numpy(zero_copy_only=False)
         values = _column_values(arr.fill_null(0) if valid is not None else arr)
@@ -137,6 +152,30 @@ def _column_rank(arr: pa.Array) -> np.ndarray:
             rank[~valid] = 0
         return rank
     return _ranks_by_dictionary(pc.dictionary_encode(arr))
+
+
+def _decimal_rank(arr: pa.Array) -> np.ndarray:
+    """Dense-ish rank of a decimal column (null 0): its unscaled integers sorted as int64
+    where they fit, else as their 64-bit words, most significant (signed) first -- never
+    through Arrow's hashing and sort of 16-byte values (4 s for 5M rows)."""
+    valid = None if arr.null_count == 0 else arr.is_valid().to_numpy(zero_copy_only=False)
+    ints = unscaled_int64(arr, valid)
+    if ints is not None:
+        rank = np.unique(ints, return_inverse=True)[1].astype(np.int64) + 1
+    else:
+        words = decimal_words(arr)
+        k = words.shape[1]
+        least_first = [words[:, i].view(np.uint64) for i in range(k - 1)] + [words[:, k - 1]]
+        order = np.lexsort(least_first)
+        differs = np.zeros(len(order), dtype=bool)
+        for w in least_first:
+            ws = w[order]
+            differs[1:] |= ws[1:] != ws[:-1]
+        rank = np.empty(len(order), np.int64)
+        rank[order] = np.cumsum(differs) + 1
+    if valid is not None:
+        rank[~valid] = 0
+    return rank
 
 
 def _ranks_by_dictionary(enc: pa.DictionaryArray) -> np.ndarray:
