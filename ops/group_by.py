@@ -29,7 +29,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from arrangedb.ops.aggregate import aggregate, check_aggs, numeric_values, output_field
+from arrangedb.ops.aggregate import (LIMB_SEP, aggregate, as_comparable, check_aggs,
+                                     decimal_limbs, decimal_mean, fold_limbs, limbs_to_decimal,
+                                     numeric_values, output_field, sum_type)
 from arrangedb.ops.common import DEFAULT_BATCH_ROWS, columns_of
 from arrangedb.pager.budget import release_freed_memory
 from arrangedb.spine import roles
@@ -50,9 +52,18 @@ def _partial_names(aggs: dict) -> dict[str, list[tuple[str, str]]]:
 
 
 class _Partials:
+    """Partial aggregates of chunks, combined, finished. A sum of a decimal column is a
+    ``decimal(38, s)`` partial; within a chunk it is summed as integer limbs
+    (``<partial>#0``, ``#1``... see :mod:`arrangedb.ops.aggregate`), by the same
+    kernels as the other sums, and folded back into its decimal column at once."""
+
     def __init__(self, by: list[str], aggs: dict, plan: dict, schema: pa.Schema,
                  weight: str | None):
         self.by, self.aggs, self.plan, self.schema, self.weight = by, aggs, plan, schema, weight
+        self.decimal_sums = {   # decimal sum partials -> their type
+            pname: sum_type(schema.field(col).type)
+            for name, (fn, col) in aggs.items() for pname, kind in plan[name]
+            if kind == "s" and pa.types.is_decimal(schema.field(col).type)}
 
     def of_batch(self, chunk: pa.Table) -> pa.Table:
         chunk = _unified(chunk, self.by)
@@ -73,6 +84,9 @@ class _Partials:
                     cols[pname] = valid.astype(np.int64) if w is None else w * valid
                 elif kind == "v":
                     cols[pname] = None if valid is None else valid.astype(np.int64)
+                elif kind == "s" and pname in self.decimal_sums:
+                    for i, limb in enumerate(decimal_limbs(arr, w)):
+                        cols[f"{pname}{LIMB_SEP}{i}"] = limb
                 elif kind == "s":
                     x = numeric_values(arr)
                     cols[pname] = x if w is None else x * w   # nulls were filled with 0
@@ -85,22 +99,37 @@ class _Partials:
             if fast is None:
                 fast = _run_groups(chunk, self.by, cols)
             if fast is not None:
-                return fast
+                return self.fold(fast)
         table = {b: chunk.column(b) for b in self.by}
         table.update((p, np.ones(n, np.int64) if c is None else c) for p, c in cols.items())
-        return self.combine(pa.table(table))
+        return self.fold(self.combine(pa.table(table)))
+
+    def fold(self, table: pa.Table) -> pa.Table:
+        """Grouped partials with the limb columns of decimal sums folded into them."""
+        return fold_limbs(table, self.decimal_sums) if self.decimal_sums else table
 
     def combine(self, table: pa.Table) -> pa.Table:
-        specs = [(c, _COMBINE[c.rsplit("__", 1)[1]]) for c in table.column_names
-                 if c not in self.by]
+        specs = [(c, _COMBINE[c.rsplit("__", 1)[1].split(LIMB_SEP)[0]])
+                 for c in table.column_names if c not in self.by]
         if all(fn == "sum" for _, fn in specs):   # partials of consecutive sorted chunks
             fast = _run_groups(table, self.by, {c: table.column(c) for c, _ in specs})
             if fast is not None:
                 return fast
-        out = table.group_by(self.by, use_threads=False).aggregate(specs)
+        grouped = table
+        narrow = {}   # min/max of decimal32/64: grouped as their integers
+        for c, fn in specs:
+            col = table.column(c)
+            if fn in ("min", "max") and as_comparable(col.type) != col.type:
+                narrow[c] = col.type
+                grouped = grouped.set_column(grouped.schema.get_field_index(c), c, _viewed(
+                    col, as_comparable(col.type)))
+        out = grouped.group_by(self.by, use_threads=False).aggregate(specs)
         out = pa.table({c: _decoded(out.column(c)) for c in out.column_names})
-        return out.rename_columns([c.rsplit("_", 1)[0] if c not in self.by else c
-                                   for c in out.column_names]).select(table.column_names)
+        out = out.rename_columns([c.rsplit("_", 1)[0] if c not in self.by else c
+                                  for c in out.column_names]).select(table.column_names)
+        for c, t in narrow.items():
+            out = out.set_column(out.schema.get_field_index(c), c, _viewed(out.column(c), t))
+        return out
 
     def partial_schema(self) -> pa.Schema:
         fields = [self.schema.field(b) for b in self.by]
@@ -110,7 +139,7 @@ class _Partials:
                     typ = pa.int64()
                 elif kind == "s":
                     typ = (pa.float64() if pa.types.is_floating(self.schema.field(col).type)
-                           else pa.int64())
+                           else self.decimal_sums.get(pname, pa.int64()))
                 else:
                     typ = self.schema.field(col).type
                 fields.append(pa.field(pname, typ))
@@ -118,6 +147,7 @@ class _Partials:
 
     def as_partials(self, table: pa.Table) -> pa.RecordBatch:
         """Emit combined partial rows as they are (the first phase of a two-phase plan)."""
+        table = self.fold(table)
         return pa.RecordBatch.from_arrays([table.column(f.name).combine_chunks().cast(f.type)
                                            for f in self.partial_schema()],
                                           schema=self.partial_schema())
@@ -134,6 +164,13 @@ class _Partials:
             p = {k: part.column(c).combine_chunks() for c, k in self.plan[name]}
             if fn == "count":
                 arr = p["n"].fill_null(0)
+            elif fn == "sum" and pa.types.is_decimal(field.type):
+                none = p["v"].fill_null(0).to_numpy(zero_copy_only=False) == 0
+                arr = pc.if_else(pa.array(none), pa.scalar(None, field.type), p["s"])
+            elif fn == "mean" and pa.types.is_decimal(p["s"].type):
+                nn = p["n"].fill_null(0).to_numpy(zero_copy_only=False)
+                arr = pa.array(decimal_mean(p["s"], nn, p["s"].type.scale), pa.float64(),
+                               mask=nn == 0)
             elif fn == "sum":
                 s = p["s"].to_numpy(zero_copy_only=False)
                 arr = pa.array(s, field.type, mask=p["v"].fill_null(0).to_numpy(
@@ -220,10 +257,21 @@ def _run_groups(chunk: pa.Table, by: list[str], cols: dict) -> pa.Table | None:
     for p, c in cols.items():
         if c is None:
             out[p] = pa.array(np.diff(np.append(starts, len(keys))))
+        elif not isinstance(c, np.ndarray) and pa.types.is_decimal(c.type):
+            # decimal partials, exactly: their unscaled integers summed as limbs
+            out[p] = limbs_to_decimal([np.add.reduceat(limb, starts)
+                                       for limb in decimal_limbs(c)], c.type)
         else:
             values = c if isinstance(c, np.ndarray) else c.to_numpy()
             out[p] = pa.array(np.add.reduceat(values, starts))
     return pa.table(out)
+
+
+def _viewed(col, t: pa.DataType):
+    """A column's chunks viewed as another type of the same layout."""
+    if isinstance(col, pa.ChunkedArray):
+        return pa.chunked_array([c.view(t) for c in col.chunks], t)
+    return col.view(t)
 
 
 def _decoded(col):

@@ -31,7 +31,8 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.ops.aggregate import check_aggs, numeric_values
+from arrangedb.ops.aggregate import (LIMB_SEP, carried, check_aggs, decimal_limbs, int_limbs,
+                                     numeric_values, weigh_limbs)
 from arrangedb.ops.common import DEFAULT_BATCH_ROWS, check_batch_rows, check_time
 from arrangedb.ops.group_by import (_bincount_groups, _partial_names, _Partials,
                                     _plain_schema, _unified, group_by)
@@ -85,10 +86,12 @@ def _updates(trace) -> int:
 class _KeyPartials:
     """Per key of an A block, the sums each partial needs: ``n`` (count-weighted rows,
     or valid values), ``s`` (count-weighted values) and ``v`` (valid rows, unweighted:
-    a sum over no non-null value is null)."""
+    a sum over no non-null value is null). A decimal column's ``s`` comes as the limbs of
+    its exact sums (``s#0``, ``s#1``...: see :mod:`arrangedb.ops.aggregate`)."""
 
-    def __init__(self, aggs: dict, plan: dict, column_of: dict):
+    def __init__(self, aggs: dict, plan: dict, column_of: dict, decimal_sums=()):
         self.aggs, self.plan, self.column_of = aggs, plan, column_of
+        self.decimal_sums = frozenset(decimal_sums)   # the partials of decimal sums
         cols = [(fn, column_of[c]) for fn, c in aggs.values() if c is not None]
         self.columns = frozenset(c for _, c in cols)   # the A columns read
         self.sums = frozenset(c for fn, c in cols if fn != "count")   # only summed
@@ -132,6 +135,10 @@ class _KeyPartials:
                 # summed on its encoding: no nulls, every row counted ``unit`` times
                 s = summed[self.column_of[col]]
                 for pname, kind in self.plan[name]:
+                    if pname in self.decimal_sums:   # the unscaled integers' sums, exact
+                        limbs = int_limbs(s) if unit == 1 else weigh_limbs(int_limbs(s), unit)
+                        out.update((f"{pname}{LIMB_SEP}{i}", x) for i, x in enumerate(limbs))
+                        continue
                     out[pname] = (n_rows if kind == "n" else rows if kind == "v"
                                   else s if unit == 1 else s * unit)
                 continue
@@ -146,6 +153,10 @@ class _KeyPartials:
                     out[pname] = n_rows if valid is None else weighted(valid.astype(np.int64))
                 elif kind == "v":
                     out[pname] = rows if valid is None else per_key(valid.astype(np.int64))
+                elif pname in self.decimal_sums:   # exact: limbs of the unscaled integers
+                    ones = unit == 1 and odd_key is None
+                    out.update((f"{pname}{LIMB_SEP}{i}", per_key(x)) for i, x in
+                               enumerate(decimal_limbs(arr, None if ones else counts)))
                 else:   # "s": nulls were filled with 0
                     out[pname] = weighted(numeric_values(arr))
         return out
@@ -219,8 +230,10 @@ def _concatenated(items: list[dict]) -> dict:
     every part share the concatenation (in only some parts -- rows counted once in one
     part, twice in the next -- they do not)."""
     joined, out = {}, {}
-    for p in items[0]:
-        arrays = [s[p] for s in items]
+    for p in dict.fromkeys(p for s in items for p in s):
+        # a decimal sum may have more limbs in one part than another: the others' are 0
+        arrays = [s[p] if p in s else np.zeros(len(next(iter(s.values()))), np.int64)
+                  for s in items]
         same = tuple(map(id, arrays))
         if same not in joined:
             joined[same] = np.concatenate(arrays)
@@ -261,7 +274,8 @@ def _pairs(akeys: pa.Table, bb: Block, li: np.ndarray, ri: np.ndarray, by: list[
         cols = _per_array(sums, lambda x: x[akey])
     else:
         cols = {p: x[akey] if p.endswith("__v") else x[akey] * weight
-                for p, x in sums.items()}
+                for p, x in sums.items() if LIMB_SEP not in p}
+        cols.update(_weighed_limbs(sums, akey, weight))
     if isinstance(akey, slice):
         akey = np.arange(akey.start, akey.stop, dtype=np.int64)
     groups = {}
@@ -272,10 +286,26 @@ def _pairs(akeys: pa.Table, bb: Block, li: np.ndarray, ri: np.ndarray, by: list[
     return groups, cols
 
 
+def _weighed_limbs(sums: dict, akey, weight) -> dict:
+    """The limb columns of decimal sums at ``akey``, times ``weight``, exactly: carried
+    first (one limb more on top), so that each limb times a weight fits 64 bits."""
+    limbs: dict[str, dict] = {}
+    for p, x in sums.items():
+        base, sep, i = p.rpartition(LIMB_SEP)
+        if sep:
+            limbs.setdefault(base, {})[int(i)] = x[akey]
+    out = {}
+    for base, xs in limbs.items():
+        weighed = weigh_limbs(carried([xs[i] for i in sorted(xs)], spare=1), weight)
+        out.update((f"{base}{LIMB_SEP}{i}", x) for i, x in enumerate(weighed))
+    return out
+
+
 def _take(column, rows: np.ndarray):
-    """Rows of a column; a run of consecutive rows as a slice."""
+    """Rows of a column; a run of consecutive rows as a slice. (First and last alone do
+    not say so: rows [0, 2, 2] span three but are not 0, 1, 2.)"""
     n = len(rows)
-    if n and rows[-1] - rows[0] == n - 1:
+    if n and rows[-1] - rows[0] == n - 1 and (n < 2 or bool((np.diff(rows) == 1).all())):
         return column.slice(int(rows[0]), n)
     return column.take(pa.array(rows, pa.int64()))
 
@@ -333,6 +363,6 @@ def join_group_by(left, right, by, aggs: dict, at: int | None = None, how: str =
     stream = pa.RecordBatchReader.from_batches(
         roles.with_engine(partials.partial_schema(), left.ctx.engine_id),
         _fused(a_trace, b_trace, at, by, where, partials,
-               _KeyPartials(aggs, partials.plan, column_of), 1 - side))
+               _KeyPartials(aggs, partials.plan, column_of, partials.decimal_sums), 1 - side))
     return group_by(stream, by, aggs, engine=engine, batch_rows=batch_rows, phase="final",
                     source_schema=schema)

@@ -220,7 +220,8 @@ def snapshot_reduce(df, by, aggs: dict, num_partitions: int | None = None, memor
     """``df.groupBy(by).agg(...)`` through arrangedb; ``aggs`` as in :func:`arrangedb.reduce`.
 
     ``df`` may be an arranged dataset keyed on ``by``. Results equal Spark's
-    (``count`` with column None is count(*); sum of integers is a long; mean a double).
+    (``count`` with column None is count(*); sum of integers is a long; mean a double;
+    over decimals, the types of :func:`spark_decimal_result`, means exact).
     """
     by = [by] if isinstance(by, str) else list(by)
     spark = _session(df)
@@ -239,13 +240,14 @@ def snapshot_reduce(df, by, aggs: dict, num_partitions: int | None = None, memor
     aggs = check_aggs(aggs, source, "the DataFrame")
     key_schema = (pa.schema([df.schema.field(k) for k in by]) if isinstance(df, ArrangedDataset)
                   else pa.schema([source.field(b) for b in by]))
-    out_schema = pa.schema(list(key_schema) + [output_field(n, f, c, source)
+    out_schema = pa.schema(list(key_schema) + [_spark_field(n, f, c, source)
                                                 for n, (f, c) in aggs.items()])
     spark_out = _spark_schema(out_schema)
+    aggs, means = _decimal_means(aggs, source)
 
     def spec(phase, schema=source, path=None):
         return ReduceSpec(by=by, aggs=aggs, source_schema=schema, out_schema=out_schema,
-                          cfg=cfg, metrics=metrics, phase=phase, path=path)
+                          cfg=cfg, metrics=metrics, phase=phase, path=path, means=means)
 
     if isinstance(df, ArrangedDataset):
         s = spec("complete", path=df.path)
@@ -282,6 +284,38 @@ def snapshot_reduce(df, by, aggs: dict, num_partitions: int | None = None, memor
             lambda it: reduce_partition(it, last), spark_out)
     result.arrangedb_metrics = metrics
     return result
+
+
+def spark_decimal_result(fn: str, t: pa.DataType) -> pa.DataType | None:
+    """Spark's result type for ``fn`` over a column of type ``t`` where it is not
+    arrangedb's (DuckDB's): over ``decimal(p, s)``, SUM is ``decimal(p + 10, s)`` and AVG
+    ``decimal(p + 4, s + 4)``, each bounded at 38; None otherwise."""
+    if not pa.types.is_decimal(t) or fn not in ("sum", "mean"):
+        return None
+    p, s = t.precision, t.scale
+    if fn == "sum":
+        return pa.decimal128(min(38, p + 10), s)
+    return pa.decimal128(min(38, p + 4), min(38, s + 4))
+
+
+def _spark_field(name: str, fn: str, col, source: pa.Schema) -> pa.Field:
+    field = output_field(name, fn, col, source)
+    typ = spark_decimal_result(fn, source.field(col).type) if col is not None else None
+    return field if typ is None else field.with_type(typ)
+
+
+def _decimal_means(aggs: dict, source: pa.Schema) -> tuple[dict, dict]:
+    """Means of decimals computed as their exact sum and count (the tasks divide them
+    as Spark does, :func:`partition.spark_result`): the aggregates to run, and each
+    such mean's (sum, count) columns."""
+    run, means = {}, {}
+    for name, (fn, col) in aggs.items():
+        if fn == "mean" and pa.types.is_decimal(source.field(col).type):
+            means[name] = (f"__{name}__sum", f"__{name}__count")
+            run[means[name][0]], run[means[name][1]] = ("sum", col), ("count", col)
+        else:
+            run[name] = (fn, col)
+    return run, means
 
 
 def arrange_df(df, key, vals=None, path=None, num_partitions: int | None = None,

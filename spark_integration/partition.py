@@ -208,6 +208,24 @@ class ReduceSpec:
     metrics: object
     phase: str = "complete"      # complete (arranged), partial, final
     path: str | None = None      # an arranged dataset to reduce instead of the input
+    means: dict = field(default_factory=dict)   # decimal means -> their (sum, count) aggs
+
+
+def spark_result(rb: pa.RecordBatch, spec: ReduceSpec) -> pa.RecordBatch:
+    """Aggregates as Spark types them (``spec.out_schema``): decimal sums cast to Spark's
+    precision (an error if one does not fit, as Spark's ANSI mode), decimal means divided
+    exactly from their sums and counts, rounded half up."""
+    from arrangedb.ops.aggregate import decimal_quotient
+
+    arrays = []
+    for f in spec.out_schema:
+        if f.name in spec.means:
+            s, n = spec.means[f.name]
+            counts = rb.column(n).fill_null(0).to_numpy(zero_copy_only=False)
+            arrays.append(decimal_quotient(rb.column(s), counts, f.type))
+        else:
+            arrays.append(rb.column(f.name).cast(f.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=spec.out_schema)
 
 
 def null_safe_keys(table: pa.Table, by: list[str]) -> pa.Table:
@@ -279,7 +297,7 @@ def reduce_partition(batches, spec: ReduceSpec):
                                phase=spec.phase, source_schema=spec.source_schema)
             for b in out:
                 task.rows_out += b.num_rows
-                yield b
+                yield b if spec.phase == "partial" else spark_result(b, spec)
         else:
             if spec.path:
                 for _ in counted(batches):
@@ -302,7 +320,7 @@ def reduce_partition(batches, spec: ReduceSpec):
                 if restore:
                     out = restore_null_keys(out, spec.by)
                 task.rows_out += out.num_rows
-                yield pa.RecordBatch.from_arrays(out.columns, schema=spec.out_schema)
+                yield spark_result(out, spec)
         task.report(engine)
 
 
