@@ -135,11 +135,13 @@ class PageWriter:
 
     def _spill_error(self, e: OSError, size: int) -> SpillError:
         where = os.path.dirname(self.path)
+        kind, hint = (("spill directory", "point spill_dir elsewhere") if self.spill is not None
+                      else ("directory", "write elsewhere"))
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            return SpillError(e.errno, f"spill directory {where!r} is full: could not write "
+            return SpillError(e.errno, f"{kind} {where!r} is full: could not write "
                                        f"{format_size(size)} more to {os.path.basename(self.path)}"
-                                       f" (free space on that disk, or point spill_dir elsewhere)")
-        return SpillError(e.errno, f"cannot write to spill directory {where!r}: {e.strerror}")
+                                       f" (free space on that disk, or {hint})")
+        return SpillError(e.errno, f"cannot write to {kind} {where!r}: {e.strerror}")
 
     def add_region(self, name: str, data, codec: str = "plain", codec_version: int = 1,
                    meta: dict | None = None) -> RegionInfo:

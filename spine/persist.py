@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from arrangedb.pager import ManifestError, PageFile, PageFileError
+from arrangedb.pager import ManifestError, PageFile, PageFileError, PageWriter
 from arrangedb.pager.checksum import checksum64
 from arrangedb.pager.diskio import disk
 from arrangedb.pager.dirlock import LOCK_FILE, DirectoryLock
@@ -65,6 +65,7 @@ from arrangedb.spine.batch import Batch
 from arrangedb.spine.description import Description
 from arrangedb.spine.ingest import Columns
 from arrangedb.spine.part import PagedPart
+from arrangedb.spine.storage import write_part
 
 LEGACY_MANIFEST = "manifest.json"
 FORMAT = "arrangedb-checkpoint"
@@ -193,18 +194,35 @@ def _span(versions: list[int]) -> str:
     return f"{versions[0]}..{versions[-1]}" if versions else "none"
 
 
-def _entry(batch: Batch, name: str, size: int) -> dict:
-    d = batch.description
+def _entry(parts, directory_crc: int, d: Description, name: str, size: int) -> dict:
     return {
-        "file": name, "size": size, "directory_crc": batch.pagefile.directory_crc,
+        "file": name, "size": size, "directory_crc": directory_crc,
         "description": [d.lower, d.upper, d.since],
         "parts": [{
             "num_updates": p.num_updates, "num_keys": p.num_keys,
             "payload": p.payload, "stored": p.stored,
             "first_key": _table_b64(p.first_key), "last_key": _table_b64(p.last_key),
             "columns": p.columns,
-        } for p in batch.parts],
+        } for p in parts],
     }
+
+
+def _write_resident(batch: Batch, target: str, codec: str) -> dict:
+    """Encode a batch held in memory into the page file ``target`` (fsync'd); its manifest
+    entry. The batch itself stays as it is: a reader may be walking it."""
+    writer = PageWriter(None, path=target, mode=0o666, durable=True)
+    try:
+        parts = [write_part(writer, i, p.layout(), codec, (batch.key_schema, batch.val_schema))
+                 for i, p in enumerate(batch.parts)]
+        pagefile = writer.finish()
+    except BaseException:
+        writer.abort()
+        raise
+    try:
+        return _entry(parts, pagefile.directory_crc, batch.description,
+                      os.path.basename(target), pagefile.size)
+    finally:
+        pagefile.close()
 
 
 def _updates(entries: list[dict]) -> int:
@@ -224,14 +242,42 @@ class CheckpointState:
     lease: Lease | None = None
     read_files: set = field(default_factory=set)   # files of ``path`` the trace maps
     files: dict = field(default_factory=dict)      # version -> its files, as far as known
+    manifest: tuple | None = None   # (stat identity, checksum) of ``version``'s manifest
+    held: list = field(default_factory=list)       # leases on directories left behind
+
+    def remember_manifest(self) -> None:
+        mpath = os.path.join(self.path, manifest_name(self.version))
+        self.manifest = (_identity(mpath), read_manifest(self.path, self.version)["checksum"])
 
     def close(self) -> None:
+        for lease in self.held:
+            lease.release()
+        self.held = []
         if self.lease is not None:
             self.lease.release()
             self.lease = None
         if self.lock is not None:
             self.lock.release()
             self.lock = None
+
+
+def _identity(path: str) -> tuple:
+    st = os.stat(path)
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _same_manifest(path: str, state: CheckpointState) -> bool:
+    """Whether the directory's manifest of ``state.version`` is still the one the trace
+    loaded or wrote (not a directory replaced by another history)."""
+    if state.manifest is None:
+        return True
+    mpath = os.path.join(path, manifest_name(state.version))
+    try:
+        if _identity(mpath) == state.manifest[0]:
+            return True
+        return read_manifest(path, state.version)["checksum"] == state.manifest[1]
+    except (OSError, ManifestError):
+        return False
 
 
 def inherit(result: Batch, inputs: list[Batch]) -> None:
@@ -282,9 +328,14 @@ def checkpoint(trace, path, retain: int = 10, release_writer: bool = False) -> i
         state.version = version
         state.lock = lock
     else:
-        if state is not None:
+        held = []
+        if state is not None:   # its files are still read: the lease on them stays
+            held = state.held + ([state.lease] if state.lease is not None else [])
+            state.lease, state.held = None, []
             state.close()
-        trace._checkpoint = state = CheckpointState(path, version, lock, files=known)
+        trace._checkpoint = state = CheckpointState(path, version, lock, files=known,
+                                                    held=held)
+    state.remember_manifest()
     if release_writer:
         state.lock.release()
         state.lock = None
@@ -306,11 +357,16 @@ def _write_version(trace, path: str, state: CheckpointState | None, retain: int
             f"{path!r} is at version {latest}, but this trace continues version {base}: "
             f"it would fork the history (load version {latest} to continue it, or "
             f"checkpoint into another directory)")
+    elif latest and not _same_manifest(path, state):
+        try:
+            other = _schemas(read_manifest(path, latest)) != _schemas_of(trace)
+        except (OSError, ManifestError):
+            other = False
+        raise CheckpointConflict(
+            f"{path!r}: version {latest} is not the one this trace continues (the "
+            f"directory was replaced{', by a trace of another schema' if other else ''})")
     io = disk()
     _remove_temporaries(path)
-    if trace.ctx.resident is not None:   # a version is page files: resident batches first
-        for batch in trace.spine.batches():
-            trace.ctx.resident.page_out(batch)
     batches = trace.spine.batches()
     token = secrets.token_hex(4)
     written, entries, marks, new_bytes = [], [], [], 0
@@ -319,15 +375,17 @@ def _write_version(trace, path: str, state: CheckpointState | None, retain: int
             if batch.checkpointed is not None and batch.checkpointed[0] == path:
                 entries += batch.checkpointed[1]
                 continue
-            if batch.pagefile is None:
-                raise ValueError("only traces of an Engine (with a spill directory) can be "
-                                 "checkpointed")
             name = f"batch-{token}-{i:05d}{_PAGE_SUFFIX}"
             target = os.path.join(path, name)
             written.append(target)
-            size = io.copy_file(batch.pagefile.path, target)
+            if batch.pagefile is not None:   # its spill file, copied in the kernel
+                size = io.copy_file(batch.pagefile.path, target)
+                entry = _entry(batch.parts, batch.pagefile.directory_crc,
+                               batch.description, name, size)
+            else:   # held in memory (a resident insert): encoded into the directory
+                entry = _write_resident(batch, target, trace.ctx.codec)
+                size = entry["size"]
             new_bytes += size
-            entry = _entry(batch, name, size)
             entries.append(entry)
             marks.append((batch, entry))
         io.fsync_dir(path)   # the page files' entries, before a manifest names them
@@ -414,25 +472,39 @@ def load(path, ctx, make_trace, version: int | None = None):
         v = m["__version__"]
         legacy = not list_versions(path)
         files = {b["file"] for b in m["batches"]}
-        lease = None if legacy else Lease(path, files)
+        lease = None
+        if not legacy:
+            try:
+                lease = Lease(path, files)
+            except OSError:
+                pass   # a full or read-only directory: the mappings hold the files open
+        try:
+            trace = _trace_of(m, path, ctx, make_trace, legacy)
+        except PageFileError:
+            if lease is not None:
+                lease.release()
+            if version is None and not os.path.exists(m["__path__"]):
+                continue   # collected under a lease-less load: take the newest again
+            raise
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
         # retention drops a manifest before it collects files: ours still there means
         # our lease was seen by any collection that could take our files
-        if legacy or os.path.exists(os.path.join(path, manifest_name(v))):
+        if legacy or os.path.exists(m["__path__"]):
             break
-        lease.release()
+        trace.close()
+        if lease is not None:
+            lease.release()
         if version is not None:
             raise FileNotFoundError(f"{path!r}: version {version} was dropped by retention")
     else:
         raise RuntimeError(f"{path!r}: versions kept changing under the load")
-    try:
-        trace = _trace_of(m, path, ctx, make_trace, legacy)
-    except BaseException:
-        if lease is not None:
-            lease.release()
-        raise
     if not legacy:
-        trace._checkpoint = CheckpointState(path, v, lease=lease, read_files=files,
-                                            files={v: files})
+        trace._checkpoint = state = CheckpointState(path, v, lease=lease, read_files=files,
+                                                    files={v: files})
+        state.manifest = (_identity(m["__path__"]), m["checksum"])
     return trace
 
 
