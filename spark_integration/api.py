@@ -31,9 +31,13 @@ from arrangedb.ops.aggregate import check_aggs, output_field
 from arrangedb.ops.join import prefixed_names
 from arrangedb.spark_integration import config
 from arrangedb.spark_integration.metrics import JobMetrics
-from arrangedb.spark_integration.partition import (SIDE, JoinSpec, ReduceSpec,
-                                                   arrange_partition, join_partition,
-                                                   reduce_partition)
+from arrangedb.spark_integration.partition import SIDE, JoinSpec, ReduceSpec
+from arrangedb.spark_integration.workers import task, use_driver_python_locally
+
+def _on_workers(function: str, *args):
+    """``partition.<function>(batches, *args)`` as a task body (see :mod:`.workers`)."""
+    return task("arrangedb.spark_integration.partition", function, *args)
+
 
 HOWS = {"inner": "inner", "left": "left", "left_outer": "left", "leftouter": "left",
         "semi": "semi", "left_semi": "semi", "leftsemi": "semi",
@@ -126,6 +130,7 @@ def snapshot_join(left_df, right_df, on, how: str = "inner", num_partitions: int
     how = HOWS[how]
     spark = _session(left_df, right_df)
     cfg = config.resolve(spark, memory_budget, spill_dir)
+    use_driver_python_locally(spark)
     metrics = metrics or JobMetrics(spark)
 
     def columns(side, name):
@@ -199,7 +204,7 @@ def snapshot_join(left_df, right_df, on, how: str = "inner", num_partitions: int
         shuffled = spark.range(0, n, 1, n)
     if live:
         shuffled = shuffled.repartition(n, *keys)
-    result = shuffled.mapInArrow(lambda it: join_partition(it, spec), _spark_schema(out_schema))
+    result = shuffled.mapInArrow(_on_workers("join_partition", spec), _spark_schema(out_schema))
     null_rows = None
     if how in ("left", "anti") and not isinstance(left_df, ArrangedDataset):
         # SQL: a null key matches nothing, so these rows are unmatched left rows
@@ -226,6 +231,7 @@ def snapshot_reduce(df, by, aggs: dict, num_partitions: int | None = None, memor
     by = [by] if isinstance(by, str) else list(by)
     spark = _session(df)
     cfg = config.resolve(spark, memory_budget, spill_dir)
+    use_driver_python_locally(spark)
     metrics = metrics or JobMetrics(spark)
     if isinstance(df, ArrangedDataset):
         if df.key != by:
@@ -252,13 +258,13 @@ def snapshot_reduce(df, by, aggs: dict, num_partitions: int | None = None, memor
     if isinstance(df, ArrangedDataset):
         s = spec("complete", path=df.path)
         result = spark.range(0, df.num_partitions, 1, df.num_partitions).mapInArrow(
-            lambda it: reduce_partition(it, s), spark_out)
+            _on_workers("reduce_partition", s), spark_out)
     elif any(f == "count_distinct" for f, _ in aggs.values()):
         n = num_partitions or _default_partitions(spark)
         cols = sorted(set(by) | {c for _, c in aggs.values() if c is not None})
         s = spec("complete", _arrow_schema(df.select(*cols).schema))
         result = df.select(*cols).repartition(n, *by).mapInArrow(
-            lambda it: reduce_partition(it, s), spark_out)
+            _on_workers("reduce_partition", s), spark_out)
     else:
         n = num_partitions or _default_partitions(spark)
         cols = list(dict.fromkeys(by + [c for _, c in aggs.values() if c is not None]))
@@ -272,16 +278,16 @@ def snapshot_reduce(df, by, aggs: dict, num_partitions: int | None = None, memor
             # the DataFrame is a snapshot_join's output: aggregate in the join's own tasks,
             # so the joined rows never travel back to the JVM and out again
             shuffled, jspec, null_rows = fused
-            partials = shuffled.mapInArrow(lambda it: join_partition(it, jspec, first),
+            partials = shuffled.mapInArrow(_on_workers("join_partition", jspec, first),
                                            partial_out)
             if null_rows is not None:
                 partials = partials.unionByName(null_rows.mapInArrow(
-                    lambda it: reduce_partition(it, first), partial_out))
+                    _on_workers("reduce_partition", first), partial_out))
         else:
-            partials = df.select(*cols).mapInArrow(lambda it: reduce_partition(it, first),
+            partials = df.select(*cols).mapInArrow(_on_workers("reduce_partition", first),
                                                    partial_out)
         result = partials.repartition(n, *by).mapInArrow(
-            lambda it: reduce_partition(it, last), spark_out)
+            _on_workers("reduce_partition", last), spark_out)
     result.arrangedb_metrics = metrics
     return result
 
@@ -341,14 +347,15 @@ def arrange_df(df, key, vals=None, path=None, num_partitions: int | None = None,
     os.makedirs(path, exist_ok=True)
     spark = df.sparkSession
     cfg = config.resolve(spark, memory_budget, spill_dir)
+    use_driver_python_locally(spark)
     metrics = metrics or JobMetrics(spark)
     n = num_partitions or _default_partitions(spark)
     schema = _arrow_schema(df.select(*keys, *vals).schema)
     summary_schema = _spark_schema(pa.schema([("partition", pa.int64()),
                                               ("updates", pa.int64()), ("bytes", pa.int64())]))
     rows = (df.select(*keys, *vals).repartition(n, *keys)
-            .mapInArrow(lambda it: arrange_partition(it, keys, vals, schema, path, cfg,
-                                                     metrics), summary_schema)
+            .mapInArrow(_on_workers("arrange_partition", keys, vals, schema, path,
+                             cfg, metrics), summary_schema)
             .collect())   # one small summary row per partition, never data
     with open(os.path.join(path, MANIFEST), "w") as f:
         json.dump({"key": keys, "vals": vals, "num_partitions": n,

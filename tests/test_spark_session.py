@@ -1,0 +1,102 @@
+"""A user's own SparkSession (not ``local_session``), started by a virtualenv's python
+that was never activated: Spark's workers would run ``python3`` from the PATH, which has
+no arrangedb. In local mode the workers run the driver's interpreter; a worker whose
+interpreter lacks arrangedb fails with an error that names the setting to use.
+
+Each case is a fresh driver process with a clean environment: no PYSPARK_PYTHON, and a
+PATH whose ``python3`` cannot import arrangedb (nor pyspark).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.spark
+
+if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+    pytest.skip("Spark needs Java 17 (see `make java`)", allow_module_level=True)
+
+SCRIPT = textwrap.dedent("""
+    import json, sys
+    from pyspark.sql import SparkSession
+    from arrangedb.spark_integration import snapshot_join, snapshot_reduce
+
+    builder = SparkSession.builder.master(sys.argv[1]).appName("a user's own session")
+    for kv in sys.argv[2:]:
+        k, v = kv.split("=", 1)
+        builder = builder.config(k, v)
+    spark = builder.config("spark.driver.host", "127.0.0.1") \\
+        .config("spark.ui.enabled", "false").getOrCreate()
+    spark.sparkContext.setLogLevel("OFF")
+    a = spark.range(0, 20_000, 1, 4).selectExpr("id % 500 as k", "id as v")
+    b = spark.range(0, 600, 1, 2).selectExpr("id as k", "id % 7 as r")
+    try:
+        r = snapshot_reduce(snapshot_join(a, b, "k", num_partitions=2), "r",
+                            {"n": ("count", None)})
+        print(json.dumps({"n": sum(row["n"] for row in r.collect())}))
+    except Exception as e:
+        print(json.dumps({"error": str(e)}))
+    spark.stop()
+""")
+
+
+def _clean_env(tmp_path, **extra) -> dict:
+    """No PYSPARK_PYTHON; ``python3`` on the PATH is a stand-in that has no arrangedb."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "python3"
+    fake.write_text("#!/bin/sh\necho 'this python has no arrangedb' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYSPARK_", "VIRTUAL_ENV", "PYTHON"))}
+    java = shutil.which("java")
+    path = [str(bin_dir)] + ([os.path.dirname(java)] if java else []) + ["/usr/bin", "/bin"]
+    env.update(PATH=os.pathsep.join(path), SPARK_LOCAL_IP="127.0.0.1", **extra)
+    return env
+
+
+def _run(tmp_path, master: str, *conf: str, env_extra: dict | None = None) -> dict:
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    out = subprocess.run([sys.executable, str(script), master, *conf], capture_output=True,
+                         text=True, timeout=600, env=_clean_env(tmp_path, **(env_extra or {})))
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    assert lines, f"exit {out.returncode}: {out.stderr[-3000:]}"
+    return json.loads(lines[-1])
+
+
+def _blocked_python(tmp_path) -> str:
+    """An interpreter with pyspark but without arrangedb: this one, with a stand-in
+    package first on its path whose import fails as a missing module does."""
+    blocker = tmp_path / "blocker" / "arrangedb"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'arrangedb'\", name='arrangedb')\n")
+    wrapper = tmp_path / "python-without-arrangedb"
+    wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={blocker.parent} exec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+@pytest.mark.parametrize("master", ["local[2]", "local-cluster[2,1,1024]"])
+def test_a_users_own_local_session_runs_workers_with_the_drivers_python(tmp_path, master):
+    r = _run(tmp_path, master)
+    assert r == {"n": 20_000}
+
+
+def test_a_configured_worker_python_is_left_alone(tmp_path):
+    """Configured, it is used -- and one without arrangedb gets a clear error."""
+    blocked = _blocked_python(tmp_path)
+    r = _run(tmp_path, "local[2]", f"spark.pyspark.python={blocked}")
+    assert "error" in r
+    assert "arrangedb cannot be imported by Spark's Python worker" in r["error"]
+    assert "spark.pyspark.python" in r["error"] and "spark.archives" in r["error"]
+    r = _run(tmp_path, "local[2]", env_extra={"PYSPARK_PYTHON": sys.executable})
+    assert r == {"n": 20_000}
