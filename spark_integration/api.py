@@ -221,12 +221,18 @@ def snapshot_join(left_df, right_df, on, how: str = "inner", num_partitions: int
 
 
 def snapshot_reduce(df, by, aggs: dict, num_partitions: int | None = None, memory_budget=None,
-                    spill_dir=None, metrics: JobMetrics | None = None):
+                    spill_dir=None, metrics: JobMetrics | None = None, weight=None):
     """``df.groupBy(by).agg(...)`` through arrangedb; ``aggs`` as in :func:`arrangedb.reduce`.
 
     ``df`` may be an arranged dataset keyed on ``by``. Results equal Spark's
     (``count`` with column None is count(*); sum of integers is a long; mean a double;
     over decimals, the types of :func:`spark_decimal_result`, means exact).
+
+    ``weight``: a column of row multiplicities. Spark DataFrames carry no Arrow
+    metadata, so a change DataFrame's multiplicity is its ``diff`` column by convention:
+    None (default) weighs rows by ``diff`` when the DataFrame has one, and count and sum
+    are then the net change per group (min, max and mean are refused over negative
+    weights, as in :func:`arrangedb.group_by`); False counts every row once.
     """
     by = [by] if isinstance(by, str) else list(by)
     spark = _session(df)
@@ -253,7 +259,8 @@ def snapshot_reduce(df, by, aggs: dict, num_partitions: int | None = None, memor
 
     def spec(phase, schema=source, path=None):
         return ReduceSpec(by=by, aggs=aggs, source_schema=schema, out_schema=out_schema,
-                          cfg=cfg, metrics=metrics, phase=phase, path=path, means=means)
+                          cfg=cfg, metrics=metrics, phase=phase, path=path, means=means,
+                          weight=weight if phase == "partial" else None)
 
     if isinstance(df, ArrangedDataset):
         s = spec("complete", path=df.path)
@@ -269,6 +276,9 @@ def snapshot_reduce(df, by, aggs: dict, num_partitions: int | None = None, memor
         n = num_partitions or _default_partitions(spark)
         cols = list(dict.fromkeys(by + [c for _, c in aggs.values() if c is not None]))
         fused = getattr(df, "_arrangedb_join", None)
+        weight = _weight_column(df, weight, by) if fused is None else None
+        if weight is not None:
+            cols = list(dict.fromkeys(cols + [weight]))
         src = fused[1].out_schema if fused is not None else _arrow_schema(df.select(*cols).schema)
         first, last = spec("partial", src), spec("final", src)
         from arrangedb.spark_integration.partition import _partial_schema
@@ -290,6 +300,19 @@ def snapshot_reduce(df, by, aggs: dict, num_partitions: int | None = None, memor
             _on_workers("reduce_partition", last), spark_out)
     result.arrangedb_metrics = metrics
     return result
+
+
+def _weight_column(df, weight, by: list[str]) -> str | None:
+    """The DataFrame's multiplicity column (see :func:`snapshot_reduce`)."""
+    if weight is False:
+        return None
+    name = weight if weight is not None else ("diff" if "diff" in df.columns else None)
+    if name is not None and name not in df.columns:
+        raise KeyError(f"snapshot_reduce: no weight column {name!r} (columns: {df.columns})")
+    if name in by:
+        raise ValueError(f"snapshot_reduce: {name!r} is a group column; pass weight=False "
+                         f"to count rows, or group by other columns")
+    return name
 
 
 def spark_decimal_result(fn: str, t: pa.DataType) -> pa.DataType | None:

@@ -209,6 +209,7 @@ class ReduceSpec:
     phase: str = "complete"      # complete (arranged), partial, final
     path: str | None = None      # an arranged dataset to reduce instead of the input
     means: dict = field(default_factory=dict)   # decimal means -> their (sum, count) aggs
+    weight: str | None = None    # a column of multiplicities (a change DataFrame's diff)
 
 
 def spark_result(rb: pa.RecordBatch, spec: ReduceSpec) -> pa.RecordBatch:
@@ -293,8 +294,9 @@ def reduce_partition(batches, spec: ReduceSpec):
             stream = pa.RecordBatchReader.from_batches(
                 spec.source_schema if spec.phase == "partial" else _partial_schema(spec),
                 counted(batches))
-            out = adb.group_by(stream, spec.by, spec.aggs, weight=False, engine=engine,
-                               phase=spec.phase, source_schema=spec.source_schema)
+            out = adb.group_by(stream, spec.by, spec.aggs, weight=spec.weight or False,
+                               engine=engine, phase=spec.phase,
+                               source_schema=spec.source_schema)
             for b in out:
                 task.rows_out += b.num_rows
                 yield b if spec.phase == "partial" else spark_result(b, spec)

@@ -238,3 +238,21 @@ def test_the_demo_runs_end_to_end_as_the_readme_says(tmp_path):
     assert "arrangedb on Spark:" in out and "0 of" in out and "tasks over" in out
     assert sum(1 for line in out.splitlines() if line[:1].isupper() and
                len(line.split()) == 3 and line.split()[1].replace(",", "").isdigit()) == 20
+
+
+def test_reduce_weighs_a_change_dataframes_diff(spark):
+    """A change DataFrame carries its multiplicity in ``diff`` (Spark keeps no Arrow
+    metadata): count and sum are the net change per group."""
+    rng = np.random.default_rng(5)
+    n = 2000
+    t = pa.table({"g": rng.integers(0, 13, n), "x": rng.integers(-5, 50, n),
+                  "diff": rng.choice([-1, 1, 2], n)})
+    df = spark.createDataFrame(t.to_pandas())
+    got = snapshot_reduce(df, "g", {"n": ("count", None), "s": ("sum", "x")})
+    df.createOrReplaceTempView("changes")
+    want = spark.sql("select g, sum(diff) n, sum(x * diff) s from changes group by g")
+    assert rows(got) == rows(want)
+    plain = snapshot_reduce(df, "g", {"n": ("count", None)}, weight=False)
+    assert rows(plain) == rows(df.groupBy("g").count())
+    with pytest.raises(Exception, match="not linear"):
+        snapshot_reduce(df, "g", {"hi": ("max", "x")}).collect()
