@@ -438,37 +438,3 @@ def test_exact_spark_means_are_rounded_half_up():
     got = decimal_quotient(_decimals([1, -2], pa.decimal128(15, 2)), np.array([3, 3]),
                            pa.decimal128(19, 6))
     assert got.to_pylist() == [decimal.Decimal("0.003333"), decimal.Decimal("-0.006667")]
-
-
-@pytest.mark.spark
-def test_snapshot_reduce_types_decimals_as_spark_does():
-    """On a real local Spark (skipped without Java): sums and means of decimals equal
-    Spark's own groupBy, values and types."""
-    import shutil
-
-    if shutil.which("java") is None:
-        pytest.skip("Spark needs Java 17")
-    pytest.importorskip("pyspark")
-    from pyspark.sql import functions as F
-
-    from arrangedb.spark_integration import local_session, snapshot_reduce
-
-    rng = np.random.default_rng(7)
-    n = 2000
-    v = _money(rng, n, pa.decimal128(15, 2), distinct=500)
-    w = _money(rng, n, pa.decimal128(30, 5), distinct=500)
-    rows = [{"k": int(k), "v": a, "w": b}
-            for k, a, b in zip(rng.integers(0, 30, n), v.to_pylist(), w.to_pylist())]
-    spark = local_session("local[2]", memory_budget="64MiB")
-    try:
-        df = spark.createDataFrame(rows, schema="k long, v decimal(15,2), w decimal(30,5)")
-        got = snapshot_reduce(df, "k", {"s": ("sum", "v"), "m": ("mean", "v"),
-                                        "sw": ("sum", "w"), "mw": ("mean", "w")},
-                              num_partitions=3)
-        want = df.groupBy("k").agg(F.sum("v").alias("s"), F.avg("v").alias("m"),
-                                   F.sum("w").alias("sw"), F.avg("w").alias("mw"))
-        assert [f.dataType for f in got.schema.fields] == \
-            [f.dataType for f in want.schema.fields]
-        assert sorted(map(tuple, got.collect())) == sorted(map(tuple, want.collect()))
-    finally:
-        spark.stop()

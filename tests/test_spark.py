@@ -256,3 +256,25 @@ def test_reduce_weighs_a_change_dataframes_diff(spark):
     assert rows(plain) == rows(df.groupBy("g").count())
     with pytest.raises(Exception, match="not linear"):
         snapshot_reduce(df, "g", {"hi": ("max", "x")}).collect()
+
+
+def test_snapshot_reduce_types_decimals_as_spark_does(spark):
+    """Sums and means of decimals equal Spark's own groupBy, values and types."""
+    from pyspark.sql import functions as F
+
+    from test_decimals import _money
+
+    rng = np.random.default_rng(7)
+    n = 2000
+    v = _money(rng, n, pa.decimal128(15, 2), distinct=500)
+    w = _money(rng, n, pa.decimal128(30, 5), distinct=500)
+    data = [{"k": int(k), "v": a, "w": b}
+            for k, a, b in zip(rng.integers(0, 30, n), v.to_pylist(), w.to_pylist())]
+    df = spark.createDataFrame(data, schema="k long, v decimal(15,2), w decimal(30,5)")
+    got = snapshot_reduce(df, "k", {"s": ("sum", "v"), "m": ("mean", "v"),
+                                    "sw": ("sum", "w"), "mw": ("mean", "w")},
+                          num_partitions=3)
+    want = df.groupBy("k").agg(F.sum("v").alias("s"), F.avg("v").alias("m"),
+                               F.sum("w").alias("sw"), F.avg("w").alias("mw"))
+    assert [f.dataType for f in got.schema.fields] == [f.dataType for f in want.schema.fields]
+    assert sorted(map(tuple, got.collect())) == sorted(map(tuple, want.collect()))
