@@ -1,4 +1,5 @@
-"""Shared fixtures: a spill root per test, and a guard against leaked page-file handles.
+"""Shared fixtures: a spill root per test, a guard against leaked page-file handles, and
+small disks (tmpfs) to fill.
 
 A page file left open keeps its descriptor (mmap dups it) and its mapping alive, and on a
 long-running Spark worker that is disk space that never comes back after the file is
@@ -11,6 +12,7 @@ from __future__ import annotations
 import gc
 import os
 import re
+import subprocess
 import tempfile
 
 import psutil
@@ -74,3 +76,51 @@ _hypothesis_settings.register_profile(
     "arrangedb", deadline=None,
     derandomize=os.environ.get("ARRANGEDB_HYPOTHESIS_RANDOM") != "1")
 _hypothesis_settings.load_profile("arrangedb")
+
+
+def fill_disk(path, leave: int = 0) -> None:
+    """Write ``path`` until its disk is full (ENOSPC, to the last page), then give
+    ``leave`` bytes back."""
+    import errno
+
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for chunk in (b"\0" * (1 << 20), b"\0" * 4096):
+            try:
+                while True:
+                    os.write(fd, chunk)
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+    finally:
+        os.close(fd)
+    if leave:
+        os.truncate(path, max(0, os.path.getsize(path) - leave))
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A factory: a fresh tmpfs of the given size under tmp_path (needs root to mount);
+    unmounted at teardown, lazily if something still holds it."""
+    mounted = []
+
+    def make(size):
+        mnt = tmp_path / f"disk{len(mounted)}"
+        mnt.mkdir()
+        try:
+            r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
+                                str(mnt)], capture_output=True, text=True)
+            why = (r.stderr or r.stdout).strip() if r.returncode else None
+        except OSError as e:                     # no mount(8) here
+            why = str(e)
+        if why is not None:
+            pytest.skip(f"needs a small disk: cannot mount a tmpfs (root only): {why}")
+        mounted.append(mnt)
+        return mnt
+
+    yield make
+    for mnt in reversed(mounted):
+        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+

@@ -53,6 +53,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
                                  rule, run_state_machine_as_test)
 
 import arrangedb
+from conftest import fill_disk
 from arrangedb.pager.diskio import using
 from faults import PowerLoss, injected
 
@@ -898,44 +899,6 @@ def test_a_manifest_of_an_unknown_format_version_is_refused(two_versions, tmp_pa
 
 # -- 6. a full disk, an unwritable directory -------------------------------------------
 
-def _fill(path, leave=0):
-    """Write ``path`` until its disk is full, then give ``leave`` bytes back."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        for chunk in (b"\0" * (1 << 20), b"\0" * 4096):
-            try:
-                while True:
-                    os.write(fd, chunk)
-            except OSError as e:
-                if e.errno != errno.ENOSPC:
-                    raise
-    finally:
-        os.close(fd)
-    if leave:
-        os.truncate(path, max(0, os.path.getsize(path) - leave))
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 16 MiB tmpfs under tmp_path (root only: else the test is skipped); always
-    unmounted."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    try:
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)],
-                           capture_output=True, text=True)
-        why = (r.stderr or r.stdout).strip() if r.returncode else None
-    except OSError as e:
-        why = str(e)
-    if why is not None:
-        pytest.skip(f"needs a small disk: cannot mount a tmpfs (root only): {why}")
-    try:
-        yield mnt
-    finally:
-        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
-
-
 def _enospc(err) -> bool:
     seen = set()
     while err is not None and id(err) not in seen:
@@ -948,7 +911,8 @@ def _enospc(err) -> bool:
 
 @pytest.mark.parametrize("room", [0, 1 << 20], ids=["no_room", "room_for_some_pages"])
 def test_a_checkpoint_on_a_full_disk(small_disk, tmp_path, room):
-    ck = small_disk / "ck"
+    disk = small_disk("16m")
+    ck = disk / "ck"
     spill = tmp_path / "spill"
     spill.mkdir()
     rng = np.random.default_rng(31)
@@ -962,8 +926,8 @@ def test_a_checkpoint_on_a_full_disk(small_disk, tmp_path, room):
                                   _int_table(keys[:1000], d=-1)])
         trace.insert(delta, diff="d")
         m2 = _model_of(delta, m1)
-        ballast = small_disk / "ballast"
-        _fill(ballast, leave=room)
+        ballast = disk / "ballast"
+        fill_disk(ballast, leave=room)
         try:
             trace.checkpoint()
         except OSError as e:

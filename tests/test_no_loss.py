@@ -21,7 +21,6 @@ test needs them, so that the other tests run on an engine that does not have the
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
@@ -38,6 +37,7 @@ import pyarrow as pa
 import pytest
 
 import arrangedb
+from conftest import fill_disk
 
 
 # -- helpers ---------------------------------------------------------------------------
@@ -99,47 +99,6 @@ def _assert_holds(trace, model_keys, when):
     assert problem is None, f"{when}: {problem}"
 
 
-def _fill(path):
-    """Write ``path`` until its disk is full (ENOSPC), to the last page."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        for chunk in (b"\0" * (1 << 20), b"\0" * 4096):
-            try:
-                while True:
-                    os.write(fd, chunk)
-            except OSError as e:
-                if e.errno != errno.ENOSPC:
-                    raise
-    finally:
-        os.close(fd)
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A factory: a fresh tmpfs of the given size under tmp_path (needs root to mount);
-    unmounted at teardown, lazily if something still holds it."""
-    mounted = []
-
-    def make(size):
-        mnt = tmp_path / f"disk{len(mounted)}"
-        mnt.mkdir()
-        try:
-            r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
-                                str(mnt)], capture_output=True, text=True)
-            why = (r.stderr or r.stdout).strip() if r.returncode else None
-        except OSError as e:                     # no mount(8) here
-            why = str(e)
-        if why is not None:
-            pytest.skip(f"needs a small disk: cannot mount a tmpfs (root only): {why}")
-        mounted.append(mnt)
-        return mnt
-
-    yield make
-    for mnt in reversed(mounted):
-        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
-
-
 def _error_class(name):
     """A contract exception class, or None while the engine does not have it yet."""
     return getattr(arrangedb, name, None)
@@ -160,7 +119,7 @@ def test_disk_full_during_a_merge_loses_no_acknowledged_insert(small_disk):
         _assert_holds(trace, model.keys(), "before the disk filled")
 
         ballast = disk / "ballast"
-        _fill(ballast)
+        fill_disk(ballast)
         # the next merge work has nowhere to write: the insert, or the merge_all after
         # it, must fail -- and fail whole
         with pytest.raises(arrangedb.SpillError):
@@ -308,7 +267,7 @@ def test_a_save_after_a_failed_save_corrupts_no_live_trace(small_disk, tmp_path,
         a = engine.arrange(_table(ka), key=["k"], vals=["v"])
         b = engine.arrange(_table(kb), key=["k"], vals=["v"])
         ballast = disk / "ballast"
-        _fill(ballast)
+        fill_disk(ballast)
         os.truncate(ballast, os.path.getsize(ballast) - room)
         try:
             a.save(saved)
