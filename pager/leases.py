@@ -17,9 +17,11 @@ import fcntl
 import json
 import os
 import secrets
+import time
 
 LEASES = "leases"
 _SUFFIX = ".lease"
+_STALE_TMP = 60.0   # seconds: a lease is renamed in microseconds after its creation
 
 
 class Lease:
@@ -59,9 +61,17 @@ def leased(directory: str) -> set[str]:
     """The files live leases hold; leases of dead holders are removed."""
     folder = os.path.join(directory, LEASES)
     try:
-        names = [n for n in os.listdir(folder) if n.endswith(_SUFFIX)]
+        entries = os.listdir(folder)
     except FileNotFoundError:
         return set()
+    names = [n for n in entries if n.endswith(_SUFFIX)]
+    for n in entries:   # a reader killed before its lease was renamed in: long gone
+        path = os.path.join(folder, n)
+        try:
+            if n.endswith(".tmp") and time.time() - os.path.getmtime(path) > _STALE_TMP:
+                _unlink(path)
+        except OSError:
+            pass
     held: set[str] = set()
     for name in names:
         path = os.path.join(folder, name)

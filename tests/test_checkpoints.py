@@ -1249,3 +1249,18 @@ def test_readers_keep_their_files_through_retention(tmp_path):
         assert _live_leases(ck) == [], "a dead reader's lease stayed"
     with arrangedb.Engine(spill_dir=spill, memory_budget="32MiB") as engine:
         assert _snap(engine.load(ck)) == model[last]
+
+
+def test_a_lease_left_half_made_by_a_killed_reader_is_collected(tmp_path):
+    """A reader killed between creating its lease and renaming it in leaves a .tmp."""
+    from arrangedb.pager.leases import LEASES, leased
+
+    folder = tmp_path / LEASES
+    folder.mkdir()
+    stale, fresh = folder / "123-dead.tmp", folder / "456-busy.tmp"
+    stale.write_text("[]")
+    fresh.write_text("[]")
+    old = os.path.getmtime(stale) - 3600
+    os.utime(stale, (old, old))
+    assert leased(str(tmp_path)) == set()
+    assert not stale.exists() and fresh.exists()
