@@ -13,8 +13,23 @@ whole engine.
 """
 
 import importlib
+import os
 
 __version__ = "0.1.0"
+
+
+def _rss_now() -> int | None:
+    """The process's RSS from /proc (no psutil: this runs at ``import arrangedb``)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+RSS_AT_IMPORT = _rss_now()
+"""The process's RSS when ``arrangedb`` was imported, before any engine code was loaded:
+what ``Engine.stats()["rss_before_engine_code_bytes"]`` reports."""
 
 _EXPORTS = {
     "Engine": "arrangedb.spine.engine",

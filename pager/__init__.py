@@ -3,7 +3,8 @@
 Knows nothing of keys or times -- only bytes, regions, budgets and directories.
 """
 
-from arrangedb.pager.budget import RSS_ALLOWANCE, MemoryBudget, release_freed_memory
+from arrangedb.pager.budget import (PROCESS_RSS_ALLOWANCE, RSS_ALLOWANCE, MemoryBudget,
+                                     release_freed_memory)
 from arrangedb.pager.errors import (BudgetExceeded, CorruptionError, DirectoryLocked,
                                    ManifestError, PageFileError, SpillError)
 from arrangedb.pager.pagefile import PageFile, PageWriter, RegionInfo
@@ -11,8 +12,8 @@ from arrangedb.pager.sizes import format_size, parse_size
 from arrangedb.pager.spilldir import SpillDirectory, remove_stale
 
 __all__ = [
-    "RSS_ALLOWANCE", "BudgetExceeded", "CorruptionError", "DirectoryLocked", "ManifestError",
-    "MemoryBudget", "PageFile", "PageFileError",
+    "PROCESS_RSS_ALLOWANCE", "RSS_ALLOWANCE", "BudgetExceeded", "CorruptionError",
+    "DirectoryLocked", "ManifestError", "MemoryBudget", "PageFile", "PageFileError",
     "PageWriter", "RegionInfo", "SpillDirectory", "SpillError", "format_size", "parse_size",
     "release_freed_memory", "remove_stale",
 ]

@@ -46,6 +46,13 @@ from arrangedb.pager.sizes import format_size, parse_size
 RSS_ALLOWANCE = 100 << 20
 """Fixed allowance over ``limit`` for what reservations cannot see (see module doc)."""
 
+PROCESS_RSS_ALLOWANCE = 224 << 20
+"""What a whole process holds beside its budget, as a container limit sees it: the
+interpreter, numpy, pyarrow (and pandas, which pyarrow imports on its first numpy
+conversion when it is installed), arrangedb's code, and the work's allowance. A fresh
+process that runs one job stays within ``limit + PROCESS_RSS_ALLOWANCE`` of RSS from its
+start (tests/test_process_memory.py, on data 8x the budget)."""
+
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 

@@ -6,10 +6,14 @@ Budget
 among the executor's concurrent task slots (``spark.executor.cores /
 spark.task.cpus``; in ``local[N]`` the driver is the one executor with N slots), and
 each task mounts one engine with its share. The budget is memory of the Python worker,
-outside the JVM heap: size the container with ``spark.executor.memoryOverhead`` (which
-covers Python workers) >= memoryBudget + slots x RSS_ALLOWANCE (~100 MiB per Python
-worker for the interpreter, numpy and pyarrow), independently of ``spark.executor.memory``
-(the JVM heap, which arrangedb does not use).
+outside the JVM heap. A Python worker holds its task's share plus
+:data:`WORKER_RSS_ALLOWANCE` (the interpreter, pyspark, numpy, pyarrow, pandas, the
+engine's code and the work's allowance), so size the container with
+``spark.executor.memoryOverhead`` (which covers Python workers and the JVM's own native
+memory) >= max(384 MiB, 10% of spark.executor.memory) + memoryBudget + slots x
+WORKER_RSS_ALLOWANCE, independently of ``spark.executor.memory`` (the JVM heap, which
+arrangedb does not use). Each job's metrics report the worst worker's whole peak as
+``max_worker_peak_rss_bytes``.
 
 ``spark.executor.pyspark.memory``, when set, is enforced by Spark as an address-space
 limit (RLIMIT_AS) on each Python worker. Page files are memory-mapped, and mappings
@@ -36,6 +40,11 @@ from arrangedb.pager import format_size, parse_size
 BUDGET_KEY = "spark.arrangedb.memoryBudget"
 SPILL_KEY = "spark.arrangedb.spillDir"
 DEFAULT_BUDGET = "512MiB"
+
+WORKER_RSS_ALLOWANCE = 256 << 20
+"""What one Python worker holds beside its task's budget, whole (measured on
+local-cluster: the worst worker peaked at its task's budget + 162-190 MiB for budgets
+of 32-128 MiB; tests/test_spark.py checks the rule on every Spark job it runs)."""
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Per-job metrics from the tasks back to the driver, through a Spark accumulator.
 
 Each task adds one record (rows in and out, bytes spilled, peak RSS over the task's
-start against its budget); the driver sees the sum of counts and the worst task.
+start against its budget, and the whole Python worker's peak RSS); the driver sees the
+sum of counts and the worst task.
 """
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ from __future__ import annotations
 from pyspark.accumulators import AccumulatorParam
 
 _SUMS = ("tasks", "rows_in", "rows_out", "bytes_spilled")
-_MAXES = ("max_task_peak_rss_bytes", "max_task_budget_bytes", "max_task_seconds")
+_MAXES = ("max_task_peak_rss_bytes", "max_worker_peak_rss_bytes", "max_task_budget_bytes",
+          "max_task_seconds")
 
 
 class _MetricsParam(AccumulatorParam):
@@ -37,9 +39,10 @@ class JobMetrics:
         self._acc = spark.sparkContext.accumulator({}, _MetricsParam())
 
     def add_task(self, rows_in: int, rows_out: int, bytes_spilled: int, peak_rss: int,
-                 budget: int, allowance: int, seconds: float, spill_root: str = "") -> None:
+                 budget: int, allowance: int, seconds: float, spill_root: str = "",
+                 worker_peak_rss: int = 0) -> None:
         self._acc.add({"tasks": 1, "rows_in": rows_in, "rows_out": rows_out,
-                       "spill_roots": [spill_root],
+                       "spill_roots": [spill_root], "max_worker_peak_rss_bytes": worker_peak_rss,
                        "bytes_spilled": bytes_spilled, "max_task_peak_rss_bytes": peak_rss,
                        "max_task_budget_bytes": budget, "max_task_seconds": seconds,
                        "over_budget_tasks": int(peak_rss > budget + allowance)})

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from arrangedb.spine import roles
 from arrangedb.spine.updates import Updates, constant
@@ -73,6 +72,8 @@ def open_batches(data, columns: list[str] | None = None
             return schema, iter(dataset.to_batches(
                 columns=columns, batch_size=PARQUET_BATCH_ROWS, fragment_scan_options=scan,
                 batch_readahead=1, fragment_readahead=1))
+        import pyarrow.parquet as pq   # ~10 MiB of code that only file inputs need
+
         pf = pq.ParquetFile(path, pre_buffer=False)
         schema = pf.schema_arrow if columns is None else pa.schema(
             [pf.schema_arrow.field(c) for c in columns])

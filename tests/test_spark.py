@@ -27,7 +27,8 @@ if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
 from arrangedb.pager import RSS_ALLOWANCE  # noqa: E402
 from arrangedb.spark_integration import (  # noqa: E402
     ArrangedDataset, arrange_df, local_session, snapshot_join, snapshot_reduce)
-from arrangedb.spark_integration.config import check_address_space, task_slots  # noqa: E402
+from arrangedb.spark_integration.config import (  # noqa: E402
+    WORKER_RSS_ALLOWANCE, check_address_space, task_slots)
 
 
 @pytest.fixture(scope="module")
@@ -163,6 +164,7 @@ def test_a_partition_several_times_its_budget_stays_within_it():
           f"budget {budget / 2**20:.0f} MiB + {RSS_ALLOWANCE / 2**20:.0f} MiB")
     assert m["over_budget_tasks"] == 0
     assert m["max_task_peak_rss_bytes"] <= budget + RSS_ALLOWANCE
+    assert budget < m["max_worker_peak_rss_bytes"] <= budget + WORKER_RSS_ALLOWANCE
 
 
 @pytest.mark.slow
@@ -194,6 +196,8 @@ def test_separate_executor_processes(tmp_path):
     assert r["equal"] and r["rows"] == 200_000 and r["groups"] == 7
     m = r["metrics"]
     assert m["max_task_budget_bytes"] == 48 << 20     # one core per executor: one slot
+    # the sizing rule of docs/SPARK.md, on the whole worker process
+    assert 48 << 20 < m["max_worker_peak_rss_bytes"] <= (48 << 20) + WORKER_RSS_ALLOWANCE
     # engines spilled under the executors' own local directories (Spark's blockmgr dirs)
     assert m["spill_roots"] and all(d.startswith(str(tmp_path)) for d in m["spill_roots"])
 
