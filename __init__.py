@@ -27,6 +27,22 @@ def _rss_now() -> int | None:
         return None
 
 
+def _tune_arrow_allocator() -> None:
+    """Have Arrow's allocator (mimalloc) give freed memory back at once instead of ~10 ms
+    later, and commit arena memory as it is used: measured on a job arranging and
+    joining 8x a 64 MiB budget, the process peaked ~20 MiB lower, at the same speed.
+    mimalloc reads these options when pyarrow loads, so this works only when arrangedb
+    is imported first; the environment's own settings win, and
+    ``ARRANGEDB_TUNE_MALLOC=0`` leaves the allocators alone (as it does glibc's)."""
+    import sys
+
+    if "pyarrow" in sys.modules or os.environ.get("ARRANGEDB_TUNE_MALLOC", "1") == "0":
+        return
+    os.environ.setdefault("MIMALLOC_PURGE_DELAY", "0")
+    os.environ.setdefault("MIMALLOC_ARENA_EAGER_COMMIT", "0")
+
+
+_tune_arrow_allocator()
 RSS_AT_IMPORT = _rss_now()
 """The process's RSS when ``arrangedb`` was imported, before any engine code was loaded:
 what ``Engine.stats()["rss_before_engine_code_bytes"]`` reports."""
