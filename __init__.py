@@ -51,7 +51,7 @@ _EXPORTS = {
     "Engine": "arrangedb.spine.engine",
     "Trace": "arrangedb.spine.trace",
     "TraceHandle": "arrangedb.spine.trace",
-    "SchemaError": "arrangedb.spine.ingest",
+    "SchemaError": "arrangedb.spine.data.ingest",
     "MemoryBudget": "arrangedb.pager",
     "BudgetExceeded": "arrangedb.pager",
     "SpillError": "arrangedb.pager",

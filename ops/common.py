@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.spine.layout import ranges
+from arrangedb.spine.data.layout import ranges
 
 DEFAULT_BATCH_ROWS = 1 << 16
 

@@ -16,7 +16,7 @@ null); they are few and stay in memory.
 ``weight`` names a column of per-row multiplicities (a join's ``count``, a change
 stream's ``diff``): a row with weight 3 counts three times and adds three times its
 value, one with weight -1 takes itself back. By default it is the column the stream's
-schema marks as its weight (:mod:`arrangedb.spine.roles`). Over a change stream,
+schema marks as its weight (:mod:`arrangedb.spine.data.roles`). Over a change stream,
 counts and sums are the net change per group; min, max and mean are not linear in the
 changes, so a stream with negative weights is refused for them.
 """
@@ -34,9 +34,9 @@ from arrangedb.ops.aggregate import (LIMB_SEP, aggregate, as_comparable, check_a
                                      numeric_values, output_field, sum_type)
 from arrangedb.ops.common import DEFAULT_BATCH_ROWS, columns_of
 from arrangedb.pager.budget import release_freed_memory
-from arrangedb.spine import roles
+from arrangedb.spine.data import roles
 from arrangedb.spine.engine import engine_for
-from arrangedb.spine.ingest import open_batches
+from arrangedb.spine.data.ingest import open_batches
 
 _COMBINE = {"n": "sum", "s": "sum", "v": "sum", "min": "min", "max": "max"}
 

@@ -32,12 +32,12 @@ import pyarrow as pa
 
 from arrangedb.ops.common import (DEFAULT_BATCH_ROWS, check_batch_rows, check_time,
                                   columns_of, output_chunks, ranges)
-from arrangedb.spine import roles
-from arrangedb.spine.cursor import Block, co_blocks
-from arrangedb.spine.kernels import consolidate
-from arrangedb.spine.order import codes
-from arrangedb.spine.part import dictionary_schema
-from arrangedb.spine.updates import Updates
+from arrangedb.spine.data import roles
+from arrangedb.spine.read.cursor import Block, co_blocks
+from arrangedb.spine.data.kernels import consolidate
+from arrangedb.spine.data.order import codes
+from arrangedb.spine.storage.dictionaries import dictionary_schema
+from arrangedb.spine.data.updates import Updates
 
 HOWS = ("inner", "left", "semi", "anti")
 

@@ -38,11 +38,11 @@ from arrangedb.ops.group_by import (_bincount_groups, _partial_names, _Partials,
                                     _plain_schema, _unified, group_by)
 from arrangedb.ops.join import (HOWS, _check_traces, _schema, dictionary_readable, join,
                                 match_keys, prefixed_names)
-from arrangedb.spine import roles
-from arrangedb.spine.cursor import Block, part_blocks
-from arrangedb.spine.kernels import count_through
-from arrangedb.spine.layout import ranges
-from arrangedb.spine.updates import is_constant
+from arrangedb.spine.data import roles
+from arrangedb.spine.read.cursor import Block, part_blocks
+from arrangedb.spine.data.kernels import count_through
+from arrangedb.spine.data.layout import ranges
+from arrangedb.spine.data.updates import is_constant
 
 LINEAR = ("count", "sum", "mean")
 

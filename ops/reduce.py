@@ -21,9 +21,9 @@ import pyarrow as pa
 from arrangedb.ops.aggregate import aggregate, check_aggs, grouped_sum, output_field
 from arrangedb.ops.common import check_time, columns_of
 from arrangedb.ops.join import _lookup_block
-from arrangedb.spine import roles
-from arrangedb.spine.cursor import Block, blocks
-from arrangedb.spine.order import codes
+from arrangedb.spine.data import roles
+from arrangedb.spine.read.cursor import Block, blocks
+from arrangedb.spine.data.order import codes
 
 
 def _agg_schema(trace, aggs: dict, changes: bool) -> pa.Schema:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.spine.part import dictionary_schema
+from arrangedb.spine.storage.dictionaries import dictionary_schema
 
 SIDE = "__arrangedb_side"
 NULLS = "__arrangedb_nulls"

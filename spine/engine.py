@@ -19,16 +19,17 @@ import pyarrow as pa
 
 import arrangedb
 from arrangedb.pager import MemoryBudget, SpillDirectory
-from arrangedb.spine.context import StorageContext
-from arrangedb.spine import persist, roles
-from arrangedb.spine.ingest import Columns, is_file_input, open_batches, target_schemas
+from arrangedb.spine.storage.context import StorageContext
+from arrangedb.spine import persist
+from arrangedb.spine.data import roles
+from arrangedb.spine.data.ingest import Columns, is_file_input, open_batches, target_schemas
 from arrangedb.spine.trace import Trace
 
 
 # What an engine's first operations would otherwise load inside its measurement.
 _CODE = ("pyarrow.compute", "zstandard",
-         "arrangedb.ops", "arrangedb.spine.storage", "arrangedb.spine.resident",
-         "arrangedb.spine.blockcache")
+         "arrangedb.ops", "arrangedb.spine.storage.paged", "arrangedb.spine.storage.resident",
+         "arrangedb.spine.storage.blockcache")
 _code_loaded = False
 
 

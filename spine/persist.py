@@ -61,11 +61,11 @@ from arrangedb.pager.checksum import checksum64
 from arrangedb.pager.diskio import disk
 from arrangedb.pager.dirlock import LOCK_FILE, DirectoryLock
 from arrangedb.pager.leases import LEASES, Lease, leased
-from arrangedb.spine.batch import Batch
-from arrangedb.spine.description import Description
-from arrangedb.spine.ingest import Columns
-from arrangedb.spine.part import PagedPart
-from arrangedb.spine.storage import write_part
+from arrangedb.spine.storage.batch import Batch
+from arrangedb.spine.data.description import Description
+from arrangedb.spine.data.ingest import Columns
+from arrangedb.spine.storage.paged import PagedPart
+from arrangedb.spine.storage.encode import write_part
 
 LEGACY_MANIFEST = "manifest.json"
 FORMAT = "arrangedb-checkpoint"

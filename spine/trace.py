@@ -32,21 +32,23 @@ import weakref
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.spine import persist, roles
-from arrangedb.spine.batch import Batch
-from arrangedb.spine.builder import Builder
-from arrangedb.spine.context import StorageContext
-from arrangedb.spine.cursor import blocks
-from arrangedb.spine.ingest import (Columns, SchemaError, is_file_input, open_batches,
+from arrangedb.spine import persist
+
+from arrangedb.spine.data import roles
+from arrangedb.spine.storage.batch import Batch
+from arrangedb.spine.build.builder import Builder
+from arrangedb.spine.storage.context import StorageContext
+from arrangedb.spine.read.cursor import blocks
+from arrangedb.spine.data.ingest import (Columns, SchemaError, is_file_input, open_batches,
                                    read_ahead, to_updates)
-from arrangedb.spine.kernels import accumulate, consolidate, key_starts
-from arrangedb.spine.layout import ranges, select_keys
-from arrangedb.spine.merger import Merger
-from arrangedb.spine.order import codes, sort_order
-from arrangedb.spine.part import dictionary_schema
-from arrangedb.spine.reader import seek_parts
-from arrangedb.spine.spine import Spine
-from arrangedb.spine.updates import Updates
+from arrangedb.spine.data.kernels import accumulate, consolidate, key_starts
+from arrangedb.spine.data.layout import ranges, select_keys
+from arrangedb.spine.build.merger import Merger
+from arrangedb.spine.data.order import codes, sort_order
+from arrangedb.spine.storage.dictionaries import dictionary_schema
+from arrangedb.spine.read.reader import seek_parts
+from arrangedb.spine.build.levels import Spine
+from arrangedb.spine.data.updates import Updates
 
 _MERGE_FAN_IN = 8    # runs merged into one file at a time (one decoded part each)
 # What sorting a run holds per row beside its input and its sorted copy, at its peak:
@@ -149,7 +151,7 @@ class Trace:
         """Sorted runs within the budget, at most ``ctx.read_fan_in`` of them (merged down
         when there are more, unless ``merge`` is False); the spine is untouched.
         ``resident``: runs may stay in memory while the engine admits them
-        (:mod:`arrangedb.spine.resident`)."""
+        (:mod:`arrangedb.spine.storage.resident`)."""
         schema, stream = open_batches(data)
         time = roles.resolve_role(schema, time, roles.TIME, self.columns.time)
         diff = roles.resolve_role(schema, diff, roles.WEIGHT, self.columns.diff)
@@ -366,7 +368,7 @@ class Trace:
                              f"{self.spine.since}: those times have been compacted away")
 
     def _output_schema(self, *extra: pa.Field) -> pa.Schema:
-        """Keys, vals and ``extra`` (made with :mod:`arrangedb.spine.roles`), marked as
+        """Keys, vals and ``extra`` (made with :mod:`arrangedb.spine.data.roles`), marked as
         made by this trace's engine."""
         fields = list(self.key_schema)
         if self.val_schema is not None:
@@ -398,7 +400,7 @@ class Trace:
         return pa.RecordBatchReader.from_batches(schema, gen())
 
     def cursor(self, at: int | None = None, changes=None, window_rows: int | None = None):
-        """Blocks of consecutive keys (see :mod:`arrangedb.spine.cursor`)."""
+        """Blocks of consecutive keys (see :mod:`arrangedb.spine.read.cursor`)."""
         return blocks(self, at=at, changes=changes, window_rows=window_rows)
 
     def lookup(self, keys, at: int | None = None, read_dictionary=None) -> pa.Table:

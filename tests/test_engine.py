@@ -236,7 +236,7 @@ def test_lookup_of_sorted_distinct_keys_matches_the_general_path(engine, history
 def test_cursor_blocks_know_their_key_bounds_across_parts_and_windows(engine, vals):
     """Blocks of a many-part batch, read in small windows, carry the key bounds their
     reader knew from the layout: the same as found by comparing the rows' keys."""
-    from arrangedb.spine.kernels import key_starts
+    from arrangedb.spine.data.kernels import key_starts
 
     rng = np.random.default_rng(5)
     n = 60_000 if vals else 400_000
@@ -294,7 +294,7 @@ def test_distinct_rows_read_back_through_their_single_stored_update(engine, vals
                                                                      monkeypatch):
     """A batch of distinct rows at one time stores one (time, diff) per part: reads expand
     it without its leaf bounds. Key-only, one val per key, several vals per key."""
-    from arrangedb.spine import part as part_module
+    from arrangedb.spine.storage import part as part_module
 
     expanded = []
     real = part_module.expand_singleton
@@ -307,7 +307,7 @@ def test_distinct_rows_read_back_through_their_single_stored_update(engine, vals
     t = engine.arrange(table.select(["k"] + vals), key=["k"], vals=vals)
     assert len(t.spine.batches()[0].parts) > 1
     seen = 0
-    from arrangedb.spine.kernels import key_starts
+    from arrangedb.spine.data.kernels import key_starts
     for block in t.cursor(window_rows=5000):
         assert np.array_equal(block.key_bounds, key_starts(block.row_keys()))
         assert (block.counts == 1).all()
@@ -351,7 +351,7 @@ def test_read_ahead_yields_every_batch_in_order_and_stays_within_its_bytes(batch
     max_bytes wait (at least one batch): no batch is decoded before there is room."""
     import time
 
-    from arrangedb.spine.ingest import read_ahead
+    from arrangedb.spine.data.ingest import read_ahead
 
     src = _Source(12)
     size = src.batch.nbytes
@@ -372,7 +372,7 @@ def test_read_ahead_yields_every_batch_in_order_and_stays_within_its_bytes(batch
 
 
 def test_read_ahead_raises_the_streams_error_after_the_batches_before_it():
-    from arrangedb.spine.ingest import read_ahead
+    from arrangedb.spine.data.ingest import read_ahead
 
     src = _Source(10, fail_after=3)
     got = []
@@ -383,7 +383,7 @@ def test_read_ahead_raises_the_streams_error_after_the_batches_before_it():
 
 
 def test_read_ahead_stopped_early_stops_its_thread_and_closes_the_stream():
-    from arrangedb.spine.ingest import read_ahead
+    from arrangedb.spine.data.ingest import read_ahead
 
     src = _Source(1_000_000)
     it = read_ahead(iter(src), 1 << 16)

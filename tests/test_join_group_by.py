@@ -18,8 +18,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import arrangedb as adb
-from arrangedb.spine.cursor import blocks, part_blocks
-from arrangedb.spine.updates import is_constant
+from arrangedb.spine.read.cursor import blocks, part_blocks
+from arrangedb.spine.data.updates import is_constant
 from test_ops import (KEY_KINDS, SETTINGS, _history, bag, engine, key_cols,  # noqa: F401
                       make_side, sides, sql)
 
@@ -158,7 +158,7 @@ def test_sums_on_the_encoding_match_duckdb(tmp_path_factory, monkeypatch, n, nke
                   "i": rng.permutation(n) * 7 - 100})
     R = pa.table({"k": np.arange(nkeys), "g": rng.integers(0, 4, nkeys)})
     _no_join(monkeypatch)
-    storage = importlib.import_module("arrangedb.spine.storage")
+    storage = importlib.import_module("arrangedb.spine.storage.paged")
     sums, summed = [], storage.column_segment_sums
     monkeypatch.setattr(storage, "column_segment_sums",
                         lambda *a: sums.append(summed(*a)) or sums[-1])

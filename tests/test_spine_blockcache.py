@@ -9,8 +9,8 @@ import pytest
 from arrangedb import Engine
 from arrangedb.codecs import CodecError, encode
 from arrangedb.pager import MemoryBudget
-from arrangedb.spine import storage
-from arrangedb.spine.blockcache import BlockCache
+from arrangedb.spine.storage import paged
+from arrangedb.spine.storage.blockcache import BlockCache
 
 
 def _block(n: int, fill: int = 1) -> np.ndarray:
@@ -91,11 +91,11 @@ def test_corrupt_block_is_a_clear_error():
     with MemoryBudget("64MiB", sample_interval=0) as budget:
         cache = BlockCache(budget)
         with pytest.raises(CodecError, match=r"p0/times\.0.*zstd block 2\b"):
-            storage.decode_column(pf, pf.group, cache)
+            paged.decode_column(pf, pf.group, cache)
         with pytest.raises(CodecError, match=r"zstd block 2\b"):
-            storage.take_column(pf, pf.group, np.array([3000]), cache)
+            paged.take_column(pf, pf.group, np.array([3000]), cache)
         # rows away from the bad block still read, through the blocks that hold them
-        assert storage.take_column(pf, pf.group, np.array([5, 19_999]), cache).tolist() == \
+        assert paged.take_column(pf, pf.group, np.array([5, 19_999]), cache).tolist() == \
             [5, 19_999]
         cache.close()
 
@@ -113,12 +113,12 @@ def _orders(n, seed=0):
 
 def _count_decompressions(monkeypatch):
     calls = []
-    real = storage._decompress
+    real = paged._decompress
 
     def spy(pagefile, region, blocks, i):
         calls.append((region, i))
         return real(pagefile, region, blocks, i)
-    monkeypatch.setattr(storage, "_decompress", spy)
+    monkeypatch.setattr(paged, "_decompress", spy)
     return calls
 
 

@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from arrangedb.pager import MemoryBudget, SpillDirectory
-from arrangedb.spine.context import StorageContext
-from arrangedb.spine.resident import ResidentBatches
-from arrangedb.spine.ingest import Columns, target_schemas
+from arrangedb.spine.storage.context import StorageContext
+from arrangedb.spine.storage.resident import ResidentBatches
+from arrangedb.spine.data.ingest import Columns, target_schemas
 from arrangedb.spine.trace import Trace
 
 INT_KEYS = st.sampled_from([0, 1, 2, 3, -1, 2**63 - 1, -(2**63), 17, 1000])
@@ -248,9 +248,9 @@ TestSpineModel = SpineMachine.TestCase
 
 
 def test_snapshot_distinct_rows_compress_to_one_update():
-    from arrangedb.spine.layout import to_layout
-    from arrangedb.spine.kernels import consolidate
-    from arrangedb.spine.updates import Updates
+    from arrangedb.spine.data.layout import to_layout
+    from arrangedb.spine.data.kernels import consolidate
+    from arrangedb.spine.data.updates import Updates
 
     n = 1000
     upd = Updates(pa.table({"k": np.arange(n)}), pa.table({"v": np.arange(n)}),

@@ -11,14 +11,14 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 
-from arrangedb.spine.context import StorageContext
-from arrangedb.spine.ingest import Columns, SchemaError, open_batches, target_schemas
-from arrangedb.spine.kernels import consolidate
-from arrangedb.spine.layout import from_layout, to_layout
-from arrangedb.spine.order import PARALLEL_SORT_FROM, codes, fast_argsort, sort_rows
-from arrangedb.spine.spine import level_of
+from arrangedb.spine.storage.context import StorageContext
+from arrangedb.spine.data.ingest import Columns, SchemaError, open_batches, target_schemas
+from arrangedb.spine.data.kernels import consolidate
+from arrangedb.spine.data.layout import from_layout, to_layout
+from arrangedb.spine.data.order import PARALLEL_SORT_FROM, codes, fast_argsort, sort_rows
+from arrangedb.spine.build.levels import level_of
 from arrangedb.spine.trace import Trace
-from arrangedb.spine.updates import Updates
+from arrangedb.spine.data.updates import Updates
 
 
 def memory_trace(data, key, vals=None, time=None, diff=None, **ctx):
@@ -369,7 +369,7 @@ def test_merged_reads_take_full_steps_over_sources_of_unequal_density():
     the same ids), both cut into many small parts: every row comes once, in key order,
     in about as many steps as the step size allows -- windows follow each source's
     density and run on across part ends instead of cutting the step short there."""
-    from arrangedb.spine.reader import MergedReader
+    from arrangedb.spine.read.reader import MergedReader
 
     rng = np.random.default_rng(5)
     dense = pa.table({"k": np.arange(10_000, dtype=np.int64),
@@ -383,7 +383,7 @@ def test_merged_reads_take_full_steps_over_sources_of_unequal_density():
     assert all(len(b.parts) > 10 for b in batches)
     reader = MergedReader(batches, traces[0].ctx, tags=[0, 1])
     steps, seen, last = 0, [0, 0], -1
-    from arrangedb.spine.kernels import key_starts
+    from arrangedb.spine.data.kernels import key_starts
 
     for step in reader:
         steps += 1
@@ -402,8 +402,8 @@ def test_merged_reads_take_full_steps_over_sources_of_unequal_density():
 def test_input_without_time_or_diff_keeps_them_one_element_each():
     """A snapshot load's times and diffs are stride-0 views from ingest through the
     sort: its updates cost their payload alone, and consolidation keeps them so."""
-    from arrangedb.spine.ingest import to_updates
-    from arrangedb.spine.updates import is_constant
+    from arrangedb.spine.data.ingest import to_updates
+    from arrangedb.spine.data.updates import is_constant
 
     t = pa.table({"k": np.array([3, 1, 2, 1], np.int64), "v": np.array([1., 2., 3., 4.])})
     cols = Columns.resolve(t.schema, ["k"], ["v"], None, None)
@@ -475,7 +475,7 @@ def test_one_large_input_batch_is_sorted_within_a_small_budget(tmp_path, kind):
 @pytest.mark.parametrize("where", ["sort", "write"])
 def test_a_failed_run_gives_back_every_reservation(tmp_path, monkeypatch, where):
     from arrangedb import Engine
-    from arrangedb.spine import builder as builder_module
+    from arrangedb.spine.build import builder as builder_module
     from arrangedb.spine import trace as trace_module
 
     def boom(*a, **k):

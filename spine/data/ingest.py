@@ -20,8 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from arrangedb.spine import roles
-from arrangedb.spine.updates import Updates, constant
+from arrangedb.spine.data import roles
+from arrangedb.spine.data.updates import Updates, constant
 
 # Rows per batch read from Parquet: 256k rows decode ~30% faster than 64k (per-batch
 # costs), and ingest slices any batch too big for a run.
@@ -195,7 +195,7 @@ class Columns:
     @staticmethod
     def resolve(schema: pa.Schema, key, vals, time, diff) -> "Columns":
         """``time``/``diff``: a column name; None: the column the input's schema marks
-        as its time / weight (:mod:`arrangedb.spine.roles`), if any; False: none (every
+        as its time / weight (:mod:`arrangedb.spine.data.roles`), if any; False: none (every
         update at time 0 / with diff +1, the marked column dropped)."""
         if isinstance(key, str):
             key = [key]

@@ -14,8 +14,8 @@ import weakref
 
 import pyarrow as pa
 
-from arrangedb.spine.description import Description
-from arrangedb.spine.part import Part
+from arrangedb.spine.data.description import Description
+from arrangedb.spine.storage.part import Part
 
 
 class Batch:

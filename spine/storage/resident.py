@@ -28,11 +28,13 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.spine.batch import Batch
-from arrangedb.spine.description import Description
-from arrangedb.spine.layout import PartLayout, to_layout
-from arrangedb.spine.part import Part, boundary_key, payload_bytes, with_dictionaries
-from arrangedb.spine.updates import Updates, extent
+from arrangedb.spine.storage.batch import Batch
+from arrangedb.spine.data.description import Description
+from arrangedb.spine.data.layout import PartLayout, to_layout
+from arrangedb.spine.storage.dictionaries import with_dictionaries
+from arrangedb.spine.storage.part import Part, boundary_key, payload_bytes
+from arrangedb.spine.data.updates import Updates, extent
+from arrangedb.spine.storage.encode import write_part
 
 BATCH_SHARE = 16    # one resident batch: at most limit / 16 bytes (paging it out holds
 TOTAL_SHARE = 4     # about twice that, unreserved); all of them: at most limit / 4
@@ -178,8 +180,6 @@ class ResidentBatches:
 
     def page_out(self, batch: Batch) -> int:
         """Write a resident batch's parts into a page file; returns the bytes released."""
-        from arrangedb.spine.storage import write_part
-
         with self._lock:
             if id(batch) not in self._held:
                 return 0

@@ -16,9 +16,9 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.spine.order import (absolute_codes, codes, count_le, is_absolute,
+from arrangedb.spine.data.order import (absolute_codes, codes, count_le, is_absolute,
                                    sort_rows, sorted_row_starts)
-from arrangedb.spine.updates import Updates, all_equal, constant
+from arrangedb.spine.data.updates import Updates, all_equal, constant
 
 
 def _key_val_codes(upd: Updates) -> tuple[np.ndarray, list[np.ndarray]]:

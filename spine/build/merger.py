@@ -22,12 +22,12 @@ Invariants
 
 from __future__ import annotations
 
-from arrangedb.spine.batch import Batch
-from arrangedb.spine.builder import Builder
-from arrangedb.spine.context import StorageContext
-from arrangedb.spine.description import Description
-from arrangedb.spine.kernels import consolidate
-from arrangedb.spine.reader import MergedReader, step_updates
+from arrangedb.spine.storage.batch import Batch
+from arrangedb.spine.build.builder import Builder
+from arrangedb.spine.storage.context import StorageContext
+from arrangedb.spine.data.description import Description
+from arrangedb.spine.data.kernels import consolidate
+from arrangedb.spine.read.reader import MergedReader, step_updates
 
 
 class Merger:

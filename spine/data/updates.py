@@ -1,7 +1,7 @@
 """Updates: a flat, columnar run of ``(key, val, time, diff)`` rows.
 
 The unit every kernel consumes and produces. A batch part is stored in the compact
-layout of :mod:`arrangedb.spine.layout` and decoded into ``Updates`` to be worked on.
+layout of :mod:`arrangedb.spine.data.layout` and decoded into ``Updates`` to be worked on.
 
 Invariants
 ----------

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from arrangedb.pager import PageWriter
 from arrangedb.pager.pagefile import ResidentSet
+from arrangedb.spine.storage.blockcache import BlockCache
+from arrangedb.spine.storage.resident import ResidentBatches
 
 
 @dataclass
@@ -21,8 +24,8 @@ class StorageContext:
     window_rows: int = 1 << 16    # rows each source contributes to one merge step
     run_bytes: int | None = None  # what sorting one run may hold (None: half the budget)
     read_fan_in: int = 8          # runs a read walks at once (more are merged down first)
-    block_cache: object | None = None  # arrangedb.spine.blockcache.BlockCache; None: no cache
-    resident: object | None = None     # arrangedb.spine.resident.ResidentBatches; None: all paged
+    block_cache: object | None = None  # arrangedb.spine.storage.blockcache.BlockCache; None: no cache
+    resident: object | None = None     # arrangedb.spine.storage.resident.ResidentBatches; None: all paged
     engine_id: int | None = None       # the engine whose budget this is (streams name it)
 
     @classmethod
@@ -39,14 +42,10 @@ class StorageContext:
         part = min(max(limit // (8 * fan_in), 256 << 10), 16 << 20)
         cache = None
         if budget is not None:
-            from arrangedb.spine.blockcache import BlockCache
-
             cache = BlockCache(budget)
         ctx = cls(budget=budget, spill=spill, codec=codec, part_bytes=part, window_rows=window,
                   read_fan_in=fan_in, block_cache=cache)
         if budget is not None and spill is not None:
-            from arrangedb.spine.resident import ResidentBatches
-
             ctx.resident = ResidentBatches(ctx, budget)
         return ctx
 
@@ -76,6 +75,4 @@ class StorageContext:
             self.budget.release(nbytes)
 
     def new_writer(self, hint: str = "batch"):
-        from arrangedb.pager import PageWriter
-
         return PageWriter(self.spill, name_hint=hint)

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.spine.order import sorted_row_starts
-from arrangedb.spine.updates import Updates, all_equal, constant
+from arrangedb.spine.data.order import sorted_row_starts
+from arrangedb.spine.data.updates import Updates, all_equal, constant
 
 
 @dataclass(frozen=True)

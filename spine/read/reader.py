@@ -21,10 +21,11 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.spine.batch import Batch
-from arrangedb.spine.context import StorageContext
-from arrangedb.spine.kernels import count_through, smallest_last_key
-from arrangedb.spine.updates import Updates
+from arrangedb.spine.storage.batch import Batch
+from arrangedb.spine.storage.context import StorageContext
+from arrangedb.spine.data.kernels import count_through, smallest_last_key
+from arrangedb.spine.data.updates import Updates
+from arrangedb.spine.data.order import codes
 
 
 class BatchReader:
@@ -203,8 +204,6 @@ def step_updates(step: list[tuple[int, Updates, np.ndarray | None]], tag: int | 
 
 def seek_parts(batch: Batch, keys: pa.Table) -> np.ndarray:
     """For each (sorted) query key, the index of the part that may hold it (-1: before all)."""
-    from arrangedb.spine.order import codes
-
     if not batch.parts:
         return np.full(keys.num_rows, -1)
     firsts = pa.concat_tables([p.first_key for p in batch.parts])

@@ -13,13 +13,14 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.spine.batch import Batch
-from arrangedb.spine.context import StorageContext
-from arrangedb.spine.description import Description
-from arrangedb.spine.kernels import key_starts
-from arrangedb.spine.layout import to_layout
-from arrangedb.spine.part import MemoryPart, boundary_key, payload_bytes
-from arrangedb.spine.updates import Updates, extent
+from arrangedb.spine.storage.batch import Batch
+from arrangedb.spine.storage.context import StorageContext
+from arrangedb.spine.data.description import Description
+from arrangedb.spine.data.kernels import key_starts
+from arrangedb.spine.data.layout import to_layout
+from arrangedb.spine.storage.part import MemoryPart, boundary_key, payload_bytes
+from arrangedb.spine.data.updates import Updates, extent
+from arrangedb.spine.storage.encode import write_part
 
 
 class Builder:
@@ -96,8 +97,6 @@ class Builder:
                 payload=payload_bytes(layout.keys) + payload_bytes(layout.vals),
                 stored=_layout_bytes(layout), data=layout)
         else:
-            from arrangedb.spine.storage import write_part
-
             part = write_part(self._writer, len(self.parts), layout, self.ctx.codec,
                               (self.key_schema, self.val_schema), self._codec_choices)
         self.parts.append(part)

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.spine.kernels import accumulate, consolidate, filter_times, key_starts
-from arrangedb.spine.layout import PartLayout, _leaf_update_index, repeat_rows
-from arrangedb.spine.order import codes, fast_argsort
-from arrangedb.spine.part import dictionary_schema
-from arrangedb.spine.reader import MergedReader, step_updates
-from arrangedb.spine.updates import Updates, constant, extent, is_constant
+from arrangedb.spine.data.kernels import accumulate, consolidate, filter_times, key_starts
+from arrangedb.spine.data.layout import PartLayout, _leaf_update_index, repeat_rows
+from arrangedb.spine.data.order import codes, fast_argsort
+from arrangedb.spine.storage.dictionaries import dictionary_schema
+from arrangedb.spine.read.reader import MergedReader, step_updates
+from arrangedb.spine.data.updates import Updates, constant, extent, is_constant
 
 
 @dataclass(frozen=True)

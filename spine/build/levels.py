@@ -38,9 +38,9 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 
-from arrangedb.spine.batch import Batch
-from arrangedb.spine.context import StorageContext
-from arrangedb.spine.merger import Merger
+from arrangedb.spine.storage.batch import Batch
+from arrangedb.spine.storage.context import StorageContext
+from arrangedb.spine.build.merger import Merger
 from arrangedb.spine.persist import inherit
 
 

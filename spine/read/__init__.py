@@ -1,0 +1,1 @@
+"""Reading: cursors over batches, merged reads and batched lookups."""

@@ -1,0 +1,1 @@
+"""Storage: parts in memory and in page files, batches, resident batches, the block cache."""

@@ -1,0 +1,158 @@
+"""Parts: the key-range slices a batch is made of, resident or in a page file.
+
+Design
+------
+A batch is a sequence of parts with increasing, disjoint key ranges; a key never spans
+two parts. Each part is one :class:`PartLayout` (the seeds' layout). A part is either
+held in memory (``MemoryPart``) or stored as regions of the batch's page file
+(``PagedPart``), one region per buffer of each encoded column, named
+``p<index>/<field>.<buffer>``. A part keeps its first and last key in memory, so that
+searches find the parts to touch without reading any.
+
+Reading a part decodes it into :class:`Updates` plus ``key_starts`` (where each key's
+rows begin), which readers use to cut windows at key boundaries. A lookup reads a paged
+part through ``lookup_layout``: keys and bounds decoded, vals, times and diffs decoded
+only at the rows :func:`select_keys` takes (only the zstd blocks holding them, with the
+engine's block cache).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pyarrow as pa
+
+from arrangedb.spine.data.layout import PartLayout, expand_singleton, from_layout
+from arrangedb.spine.data.updates import Updates
+from arrangedb.spine.storage.dictionaries import with_dictionaries
+
+FIELDS = ("keys", "key_bounds", "vals", "val_bounds", "times", "diffs")
+
+
+def payload_bytes(table: pa.Table | None) -> int:
+    """Bytes of key/val data proper: values of fixed-width columns, bytes of strings."""
+    if table is None:
+        return 0
+    total = 0
+    for col in table.columns:
+        t = col.type
+        if pa.types.is_binary(t) or pa.types.is_string(t) or \
+                pa.types.is_large_binary(t) or pa.types.is_large_string(t):
+            total += int(sum(_value_bytes(c) for c in col.chunks))
+        elif pa.types.is_boolean(t):
+            total += (len(col) + 7) // 8
+        elif pa.types.is_null(t):
+            continue    # nulls only: no values
+        else:
+            total += len(col) * (t.bit_width // 8)
+    return total
+
+
+def _value_bytes(chunk: pa.Array) -> int:
+    if len(chunk) == 0:
+        return 0
+    offs = np.frombuffer(chunk.buffers()[1], dtype=np.int64 if chunk.type in
+                         (pa.large_binary(), pa.large_string()) else np.int32)
+    return int(offs[chunk.offset + len(chunk)] - offs[chunk.offset])
+
+
+def key_starts_of(layout: PartLayout) -> np.ndarray:
+    """Row index (in the expanded updates) where each key starts, plus the end."""
+    leaves = layout.val_bounds if layout.vals is not None else layout.key_bounds
+    stored = np.diff(leaves.astype(np.int64))
+    leaf_counts = np.where(stored == 0, 1, stored)
+    leaf_end = np.zeros(len(leaf_counts) + 1, dtype=np.int64)
+    np.cumsum(leaf_counts, out=leaf_end[1:])
+    if layout.vals is None:
+        return leaf_end
+    return leaf_end[layout.key_bounds.astype(np.int64)]
+
+
+def expand(layout: PartLayout) -> tuple[Updates, np.ndarray]:
+    """A layout's updates and key starts; one stored (time, diff) needs no leaf bounds."""
+    if len(layout.times) == 1:
+        return expand_singleton(layout.keys, layout.key_bounds, layout.vals,
+                                layout.times[0], layout.diffs[0])
+    return from_layout(layout), key_starts_of(layout)
+
+
+def boundary_key(keys: pa.Table, row: int) -> pa.Table:
+    """A one-row copy of ``keys[row]``: a slice would keep the whole part's buffers alive."""
+    return keys.take(pa.array([row], pa.int64())).combine_chunks()
+
+
+@dataclass
+class Part:
+    num_updates: int
+    num_keys: int
+    first_key: pa.Table
+    last_key: pa.Table
+    payload: int
+    stored: int
+    decodes = True   # reading makes new arrays (a reader reserves them); not for resident
+
+    def layout(self) -> PartLayout:
+        raise NotImplementedError
+
+    def lookup_layout(self, dictionary: frozenset = frozenset(), dense: bool = False
+                      ) -> PartLayout:
+        """The layout for ``select_keys``; call ``release()`` once done with it.
+        ``dictionary``: val columns to take as dictionary arrays (see :meth:`read`).
+        ``dense``: the caller knows the keys are dense (:meth:`dense_first_key`) and
+        only takes keys at positions; a paged part then does not read them."""
+        return self._coded_layout(dictionary)
+
+    def dense_first_key(self) -> int | None:
+        """The first key when the part's keys are every integer from its first to its
+        last key (dense ids): key i is then ``first + i``, found without reading the
+        keys. None otherwise. Judged from the boundary keys a part keeps in memory."""
+        if self.num_keys == 0 or self.first_key.num_columns != 1 \
+                or not pa.types.is_integer(self.first_key.schema.field(0).type):
+            return None
+        lo, hi = self.first_key.column(0)[0].as_py(), self.last_key.column(0)[0].as_py()
+        if hi - lo != self.num_keys - 1 or lo < -2**63 or hi >= 2**63:
+            return None
+        return lo
+
+    def read(self, dictionary: frozenset = frozenset()) -> tuple[Updates, np.ndarray]:
+        """The part's updates, one row each, and where each key's rows start.
+
+        ``dictionary``: names of val columns to hand over as dictionary arrays (int32
+        codes), their strings not gathered per row."""
+        return expand(self._coded_layout(dictionary))
+
+    def stored_layout(self, dictionary: frozenset = frozenset()) -> PartLayout | None:
+        """The layout as stored, every column decoded, keys never expanded to rows (for
+        readers that work per key); None when the part holds no layout (a resident
+        part: its ``read`` is as cheap). Under one stored (time, diff) the leaf bounds
+        may be absent (None): every leaf is then one update of it."""
+        return self._coded_layout(dictionary)
+
+    def summed_layout(self, dictionary: frozenset = frozenset(), sums: frozenset = frozenset(),
+                      columns: frozenset | None = None) -> tuple[PartLayout | None, dict]:
+        """:meth:`stored_layout`, with the val columns named in ``sums`` summed per key
+        rather than decoded where the part allows it: ``(layout, {column: per-key sums})``.
+
+        A part can when it holds one stored (time, diff), every val one update of it, and
+        the column's encoding sums runs of values without decoding them
+        (``codecs.segment_sums``): the layout then lacks that column. ``columns``: the
+        other val columns the reader needs (None: all); the layout may hold more."""
+        return self.stored_layout(dictionary), {}
+
+    def _coded_layout(self, dictionary: frozenset) -> PartLayout:
+        layout = self.layout()
+        if not dictionary:
+            return layout
+        return replace(layout, vals=with_dictionaries(layout.vals, dictionary))
+
+    def release(self) -> None:
+        """Let go of resident bytes once a reader has finished with this part."""
+
+
+@dataclass
+class MemoryPart(Part):
+    data: PartLayout = field(default=None, repr=False)
+
+    def layout(self) -> PartLayout:
+        return self.data
