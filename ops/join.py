@@ -387,7 +387,7 @@ def join(left, right, at: int | None = None, how: str = "inner", since: int | No
         if upto is not None:
             raise ValueError("upto= needs since= (the incremental form)")
         for t in (left, right):
-            t._check_read_time(at)
+            t.check_read_time(at)
         schema = _schema(left, right, how, False, dictionary)
         return pa.RecordBatchReader.from_batches(
             schema, _snapshot(left, right, at, how, expand, batch_rows, schema, dictionary))
@@ -401,7 +401,7 @@ def join(left, right, at: int | None = None, how: str = "inner", since: int | No
         raise ValueError(f"upto={upto} must be greater than since={since}")
     if since > 0:
         for t in (left, right):
-            t._check_read_time(since - 1)
+            t.check_read_time(since - 1)
     schema = _schema(left, right, how, True, dictionary)
     return pa.RecordBatchReader.from_batches(
         schema, _incremental(left, right, since, upto, batch_rows, schema, dictionary))

@@ -80,7 +80,7 @@ def _pushdown_side(left, right, by: list[str], aggs: dict, how: str) -> int | No
 
 
 def _updates(trace) -> int:
-    return sum(len(b) for b in trace.spine.batches())
+    return sum(len(b) for b in trace.batches())
 
 
 class _KeyPartials:
@@ -342,7 +342,7 @@ def join_group_by(left, right, by, aggs: dict, at: int | None = None, how: str =
     check_time("at", at)
     _check_traces(left, right)
     for t in (left, right):
-        t._check_read_time(at)
+        t.check_read_time(at)
     by = [by] if isinstance(by, str) else list(by)
     join_schema = _schema(left, right, how, False)
     schema = _plain_schema(join_schema)

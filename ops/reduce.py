@@ -111,7 +111,7 @@ def reduce(trace, aggs: dict, at: int | None = None, since: int | None = None,
     if since is None:
         if upto is not None:
             raise ValueError("upto= needs since= (the incremental form)")
-        trace._check_read_time(at)
+        trace.check_read_time(at)
         schema = _agg_schema(trace, aggs, changes=False)
         return pa.RecordBatchReader.from_batches(schema, _snapshot(trace, aggs, at, schema))
     if at is not None:
@@ -119,7 +119,7 @@ def reduce(trace, aggs: dict, at: int | None = None, since: int | None = None,
     if upto is not None and upto <= since:
         raise ValueError(f"upto={upto} must be greater than since={since}")
     if since > 0:
-        trace._check_read_time(since - 1)
+        trace.check_read_time(since - 1)
     schema = _agg_schema(trace, aggs, changes=True)
     return pa.RecordBatchReader.from_batches(schema, _incremental(trace, aggs, since, upto,
                                                                   schema))
@@ -128,8 +128,8 @@ def reduce(trace, aggs: dict, at: int | None = None, since: int | None = None,
 def _filtered(trace, at, counts_of):
     """Snapshot rows of ``trace`` with the counts ``counts_of(block)`` gives them; rows
     given a zero count are dropped (a snapshot block holds no zero counts of its own)."""
-    trace._check_read_time(at)
-    schema = trace._output_schema(roles.weight_field("count"))
+    trace.check_read_time(at)
+    schema = trace.output_schema(roles.weight_field("count"))
 
     def gen():
         for b in blocks(trace, at=at):

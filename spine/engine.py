@@ -117,7 +117,7 @@ class Engine:
             source = pa.RecordBatchReader.from_batches(schema, stream)
         key_schema, val_schema = target_schemas(schema, cols)
         trace = Trace(self.ctx, key_schema, val_schema, cols, name)
-        trace._add_runs(trace._build(source, cols.time or False, cols.diff or False))
+        trace.add_runs(trace.runs.build(source, cols.time or False, cols.diff or False))
         self._traces.append(trace)
         return trace
 

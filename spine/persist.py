@@ -367,7 +367,7 @@ def _write_version(trace, path: str, state: CheckpointState | None, retain: int
             f"directory was replaced{', by a trace of another schema' if other else ''})")
     io = disk()
     _remove_temporaries(path)
-    batches = trace.spine.batches()
+    batches = trace.batches()
     token = secrets.token_hex(4)
     written, entries, marks, new_bytes = [], [], [], 0
     try:

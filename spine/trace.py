@@ -33,56 +33,14 @@ import numpy as np
 import pyarrow as pa
 
 from arrangedb.spine import persist
-
-from arrangedb.spine.data import roles
-from arrangedb.spine.storage.batch import Batch
-from arrangedb.spine.build.builder import Builder
-from arrangedb.spine.storage.context import StorageContext
-from arrangedb.spine.read.cursor import blocks
-from arrangedb.spine.data.ingest import (Columns, SchemaError, is_file_input, open_batches,
-                                   read_ahead, to_updates)
-from arrangedb.spine.data.kernels import accumulate, consolidate, key_starts
-from arrangedb.spine.data.layout import ranges, select_keys
-from arrangedb.spine.build.merger import Merger
-from arrangedb.spine.data.order import codes, sort_order
-from arrangedb.spine.storage.dictionaries import dictionary_schema
-from arrangedb.spine.read.reader import seek_parts
 from arrangedb.spine.build.levels import Spine
-from arrangedb.spine.data.updates import Updates
-
-_MERGE_FAN_IN = 8    # runs merged into one file at a time (one decoded part each)
-# What sorting a run holds per row beside its input and its sorted copy, at its peak:
-# key and val codes, the packed prefix, the packed values with the row index, the
-# order, distinct-row starts, allocator slack. Measured: 40M (int64, float64) rows in
-# runs of 3.9M peaked at ~89 bytes a row over a 16-byte input.
-_SORT_BYTES_PER_ROW = 72
-_READ_AHEAD_SHARE = 16      # a Parquet input's batches decoded ahead: run_bytes / 16
-_STARTS_BYTES_PER_ROW = 8   # a resident run's key starts: an int64 per key and one more
-
-
-def _sort_cost(input_bytes: int, rows: int) -> int:
-    """Memory a run's sort holds at once: its input, the sort's arrays and the sorted
-    copy of the input (at most as large as the input)."""
-    return 2 * input_bytes + _SORT_BYTES_PER_ROW * rows
-
-
-def _pieces(stream, max_cost: int):
-    """The stream's non-empty batches, sliced so that sorting none of them alone would
-    hold more than ``max_cost`` (:func:`_sort_cost`, counting the 16 bytes of time and
-    diff a row may gain as updates): a run must not have to take a whole oversized
-    batch, whose sort would outgrow the budget."""
-    for rb in stream:
-        n = rb.num_rows
-        if n == 0:
-            continue
-        cost = _sort_cost(rb.nbytes + 16 * n, n)
-        if cost <= max_cost:
-            yield rb
-            continue
-        rows = max(1, n * max_cost // cost)
-        for lo in range(0, n, rows):
-            yield rb.slice(lo, rows)
-
+from arrangedb.spine.build.runs import RunBuilder, drop
+from arrangedb.spine.data import roles
+from arrangedb.spine.data.ingest import Columns
+from arrangedb.spine.read.cursor import blocks
+from arrangedb.spine.read.lookup import lookup
+from arrangedb.spine.storage.batch import Batch
+from arrangedb.spine.storage.context import StorageContext
 
 class Trace:
     """An arrangement: updates indexed by key, read as snapshots, lookups, changes and
@@ -96,6 +54,7 @@ class Trace:
         self.columns = columns
         self.name = name
         self.spine = Spine(ctx)
+        self.runs = RunBuilder(ctx, key_schema, val_schema, columns)
         self._handles: list[weakref.ref] = []
         self._closed = False
         self._write_lock = threading.RLock()   # one writer at a time (module docstring)
@@ -129,191 +88,22 @@ class Trace:
         with self._write_lock:
             self._check_open()
             self._update_frontiers()   # handles dropped without close() let go here
-            runs = self._build(data, time, diff, resident=True)
-            self._add_runs(runs)
+            runs = self.runs.build(data, time, diff, resident=True)
+            self.add_runs(runs)
 
-    def _add_runs(self, runs: list[Batch]) -> None:
+    def add_runs(self, runs: list[Batch]) -> None:
         """Hand runs of one input to the spine; if that fails, they are dropped (the
         spine is as it was)."""
         try:
             self.spine.insert_runs(runs)
         except BaseException:
-            _drop(runs)
+            drop(runs)
             raise
 
     def appender(self) -> "Appender":
         """A loader for data that arrives in chunks (see :class:`Appender`)."""
         self._check_open()
         return Appender(self)
-
-    def _build(self, data, time: str | None, diff: str | None, merge: bool = True,
-               resident: bool = False) -> list[Batch]:
-        """Sorted runs within the budget, at most ``ctx.read_fan_in`` of them (merged down
-        when there are more, unless ``merge`` is False); the spine is untouched.
-        ``resident``: runs may stay in memory while the engine admits them
-        (:mod:`arrangedb.spine.storage.resident`)."""
-        schema, stream = open_batches(data)
-        time = roles.resolve_role(schema, time, roles.TIME, self.columns.time)
-        diff = roles.resolve_role(schema, diff, roles.WEIGHT, self.columns.diff)
-        Columns.resolve(schema, self.key_names, self.val_names, time or False,
-                        diff or False)   # fail early
-        cols = Columns(self.key_names, self.val_names or None, time, diff)
-        ahead = 0
-        if is_file_input(data):   # decode only the columns it needs, while runs sort
-            schema, stream = open_batches(data, columns=cols.needed())
-            ahead = max(1, self._run_bytes() // _READ_AHEAD_SHARE)
-            self.ctx.reserve(ahead, "read-ahead")
-            stream = read_ahead(stream, ahead)
-        run_bytes = self._run_bytes()   # beside what reading ahead holds
-        store = self.ctx.resident if resident else None
-        room = store.room() if store is not None else 0
-        runs: list[Batch] = []
-        buffered: list[Updates] = []
-        size = rows = 0
-
-        def seal():
-            """Sort what is buffered into a run; its reservation passes to _seal_run."""
-            nonlocal buffered, size, rows, run_bytes, room
-            reserved, size, rows = size, 0, 0
-            runs.append(self._seal_run(buffered, reserved, resident))
-            buffered = []
-            run_bytes = self._run_bytes()
-            # runs cut to the resident room while they are kept: once one is paged out,
-            # small runs would only mean more merging
-            room = store.room() if store is not None and store.holds(runs[-1]) else 0
-
-        def excess(nbytes: int, n: int) -> float:
-            """How far a run of ``n`` updates in ``nbytes`` is past its sort's share, or
-            past the resident room (as stored: updates and key starts); <= 0 within."""
-            over = _sort_cost(nbytes, n) - run_bytes
-            if room:
-                over = max(over, nbytes + _STARTS_BYTES_PER_ROW * (n + 1) - room)
-            return over
-
-        def fitting(upd: Updates) -> int:
-            """How many of ``upd``'s rows the buffered run still has room for (fewer
-            than all: it is called when all would not fit)."""
-            per_row = upd.nbytes / len(upd)
-            k = (run_bytes - _sort_cost(size, rows)) / (2 * per_row + _SORT_BYTES_PER_ROW)
-            if room:
-                k = min(k, (room - size - _STARTS_BYTES_PER_ROW * (rows + 1))
-                        / (per_row + _STARTS_BYTES_PER_ROW))
-            k = int(max(0, min(k, len(upd) - 1)))
-            while k and excess(size + upd.slice(0, k).nbytes, rows + k) > 0:
-                # a slice's bytes are not k average rows (bitmaps, uneven strings)
-                k -= max(1, k // 256)
-            return k
-
-        def buffer(upd: Updates) -> None:
-            nonlocal size, rows
-            self.ctx.reserve(upd.nbytes, "ingest buffer")
-            buffered.append(upd)
-            size += upd.nbytes
-            rows += len(upd)
-
-        try:
-            piece = run_bytes // 4 if not room else min(run_bytes, _sort_cost(room, 0)) // 4
-            for rb in _pieces(stream, max(piece, 1)):
-                upd = to_updates(rb, cols, self.key_schema, self.val_schema)
-                if buffered and excess(size + upd.nbytes, rows + len(upd)) > 0:
-                    # the run takes the rows that fit its share, the rest starts the
-                    # next: runs cut at input batches were 10% short, and 40M rows
-                    # at 512 MiB sorted into 17 runs, one past the read fan-in
-                    k = fitting(upd)
-                    if k:
-                        buffer(upd.slice(0, k))
-                        upd = upd.slice(k, len(upd))
-                    seal()
-                buffer(upd)
-                if excess(size, rows) >= 0:   # full
-                    seal()
-            if buffered:
-                seal()
-            if merge:
-                runs[:] = self._merge_down(runs)
-        except BaseException:
-            _drop(runs)   # a failed build leaves nothing behind
-            raise
-        finally:
-            self.ctx.release(size)
-            if ahead:
-                try:
-                    stream.close()   # stops and joins the reading thread
-                finally:
-                    self.ctx.release(ahead)
-        self.ctx.settle()   # sorting left big freed blocks with the allocators
-        return runs
-
-    def _run_bytes(self) -> int:
-        """What the next run's sort may hold (:func:`_sort_cost`): half the budget, less
-        when other holders leave less than that free, never less than a part. Fewer,
-        longer runs mean less merging down to the read fan-in: at 512 MiB, 40M rows of
-        (int64, float64) sort into 16 runs, all read as they are (fan-in 16)."""
-        if self.ctx.run_bytes:
-            return self.ctx.run_bytes
-        budget = self.ctx.budget
-        if budget is None:
-            return 512 << 20
-        return max(self.ctx.part_bytes, min(budget.limit // 2, budget.limit - budget.held))
-
-    def _seal_run(self, buffered: list[Updates], reserved: int, resident: bool = False
-                  ) -> Batch:
-        """Sort and write one run; gives back the reservation of its input. A
-        ``resident`` run is kept in memory instead when the engine admits it.
-
-        Sorting holds a few copies of the run at once (the concatenated input, codes,
-        orders, the sorted copy): they are reserved too (:func:`_sort_cost`), so the
-        budget sees them instead of leaving them to the allowance.
-        """
-        try:
-            rows = sum(len(u) for u in buffered)
-            temporaries = _sort_cost(reserved, rows) - reserved
-            self.ctx.reserve(temporaries, "sorting a run")
-            try:
-                joined = Updates.concat(buffered)
-                run = consolidate(joined)
-                # input already in order comes back as it is: its buffers are the caller's
-                shared = run.keys is joined.keys
-                del joined
-                buffered.clear()
-            finally:
-                # the sort's arrays are gone; the builder reserves the sorted copy, and
-                # the input's reservation covers its encoding temporaries until done
-                self.ctx.release(temporaries)
-            store = self.ctx.resident
-            if resident and store is not None and len(run):
-                starts = key_starts(run.keys)
-                if store.admits(run.nbytes + starts.nbytes):
-                    return store.make(run, starts, self.key_schema, self.val_schema,
-                                      copy=shared)
-            builder = Builder(self.ctx, self.key_schema, self.val_schema)
-            try:
-                builder.push(run)
-                return builder.done()
-            except BaseException:
-                builder.abort()   # its reservation and half-written file go now
-                raise
-        finally:
-            self.ctx.release(reserved)
-
-    def _merge_down(self, runs: list[Batch]) -> list[Batch]:
-        """Merge the oldest runs (up to ``_MERGE_FAN_IN`` at a time) until at most
-        ``ctx.read_fan_in`` remain: few enough for a reader to walk them all at once
-        within the budget, one decoded part each (see ``StorageContext.for_budget``).
-        If a merge fails, the outputs made so far are dropped and ``runs`` are left to
-        the caller as they were."""
-        runs = [r for r in runs if len(r)]
-        fan_in = self.ctx.read_fan_in
-        made: list[Batch] = []
-        try:
-            while len(runs) > fan_in:
-                take = min(_MERGE_FAN_IN, len(runs) - fan_in + 1)
-                made.append(Merger(runs[:take], 0, self.ctx).finish())
-                runs = runs[take:] + [made[-1]]
-        except BaseException:
-            _drop(made)
-            raise
-        return runs
 
     def exert(self, fuel: int) -> None:
         """Spend ``fuel`` units of extra merge work (e.g. while idle)."""
@@ -329,6 +119,10 @@ class Trace:
             self.ctx.settle()
 
     # -- handles and compaction --------------------------------------------------------
+    def batches(self) -> tuple[Batch, ...]:
+        """The batches of the last committed write, oldest first (what a read walks)."""
+        return self.spine.batches()
+
     def handle(self) -> "TraceHandle":
         """A shared reader handle, holding the trace's history from its current frontier."""
         self._check_open()
@@ -359,7 +153,7 @@ class Trace:
         if self._closed:
             raise RuntimeError(f"{self!r} is closed")
 
-    def _check_read_time(self, at: int | None) -> None:
+    def check_read_time(self, at: int | None) -> None:
         self._check_open()
         if at is not None and at < 0:
             raise ValueError(f"at={at}: times are unsigned")
@@ -367,7 +161,7 @@ class Trace:
             raise ValueError(f"at={at} is before the trace's logical compaction frontier "
                              f"{self.spine.since}: those times have been compacted away")
 
-    def _output_schema(self, *extra: pa.Field) -> pa.Schema:
+    def output_schema(self, *extra: pa.Field) -> pa.Schema:
         """Keys, vals and ``extra`` (made with :mod:`arrangedb.spine.data.roles`), marked as
         made by this trace's engine."""
         fields = list(self.key_schema)
@@ -377,8 +171,8 @@ class Trace:
 
     def snapshot(self, at: int | None = None) -> pa.RecordBatchReader:
         """Key, vals and ``count`` (sum of diffs with time <= at; zeros dropped), key order."""
-        self._check_read_time(at)
-        schema = self._output_schema(roles.weight_field("count"))
+        self.check_read_time(at)
+        schema = self.output_schema(roles.weight_field("count"))
 
         def gen():
             for b in blocks(self, at=at):
@@ -392,7 +186,7 @@ class Trace:
         if frontier and (since and since < frontier or upto is not None and upto <= frontier):
             raise ValueError(f"changes({since}, {upto}) reaches before the logical compaction "
                              f"frontier {frontier}: those times have been compacted away")
-        schema = self._output_schema(roles.time_field("time"), roles.weight_field("diff"))
+        schema = self.output_schema(roles.time_field("time"), roles.weight_field("diff"))
 
         def gen():
             for b in blocks(self, changes=(since, upto)):
@@ -405,96 +199,10 @@ class Trace:
 
     def lookup(self, keys, at: int | None = None, read_dictionary=None) -> pa.Table:
         """Rows for a batch of keys: query_index, key, vals, count (sorted once, walked in
-        order). ``read_dictionary``: val columns to return as dictionary arrays (int32
-        codes), taken as codes from the parts that store them dictionary-coded."""
-        self._check_read_time(at)
-        queries = _key_table(keys, self.key_schema)
-        dictionary = frozenset(read_dictionary or ())
-        unknown = sorted(dictionary - set(self.val_names))
-        if unknown:
-            raise KeyError(f"read_dictionary: {unknown} are not val columns of this trace "
-                           f"(vals: {self.val_names})")
-        schema = dictionary_schema(self._output_schema(roles.weight_field("count")),
-                                   dictionary)
-        schema = pa.schema([pa.field("query_index", pa.int64())] + list(schema))
-        n = queries.num_rows
-        if n == 0:
-            return schema.empty_table()
-        qc = codes([queries], self.key_names)[0]
-        distinct_sorted = bool((qc[1:] > qc[:-1]).all())   # a join's keys: nothing to sort
-        order = np.arange(n) if distinct_sorted else sort_order(qc)
-        sorted_q = queries if distinct_sorted else queries.take(order)
-        sq = qc[order]
-        first = np.ones(n, dtype=bool)
-        first[1:] = sq[1:] != sq[:-1]
-        uniq_pos = np.flatnonzero(first)            # positions (in sorted order) of distinct keys
-        uq = sorted_q if distinct_sorted else sorted_q.take(uniq_pos)  # distinct, sorted
-        found: list[Updates] = []
-        found_u: list[np.ndarray] = []
-        sources = 0
-        for batch in self.spine.batches():
-            if at is None or batch.description.lower <= max(at, self.since):
-                before = len(found)
-                self._lookup_batch(batch, uq, found, found_u, dictionary)
-                sources += len(found) > before
-        if not found:
-            return schema.empty_table()
-        upd = Updates.concat(found)
-        u = np.concatenate(found_u)
-        t = upd.times
-        if sources == 1 and len(t) and t[0] == t[-1] and (at is None or t[0] <= at) \
-                and bool(np.all(t == t[0])):
-            # one batch at one time: consolidated, in query order, a count per (key, val)
-            u_rows, vals, counts = u, upd.vals, upd.diffs
-        else:
-            # accumulate per (distinct query, val): the distinct query index acts as the key
-            acc_keys = pa.table({"__u": u})
-            k_u, vals, counts = accumulate(Updates(acc_keys, upd.vals, upd.times, upd.diffs), at)
-            u_rows = k_u.column(0).to_numpy()
-        if distinct_sorted:     # each query is its own distinct key: rows are in query order
-            return _record_table(schema, u_rows, uq.take(u_rows), vals, counts)
-        # expand to every query row (duplicates included), ordered by query_index
-        group_of_sorted = np.cumsum(first) - 1       # distinct index of each sorted query
-        lo = np.searchsorted(u_rows, np.arange(len(uniq_pos)), side="left")
-        hi = np.searchsorted(u_rows, np.arange(len(uniq_pos)), side="right")
-        q_index = order                              # sorted position -> original row
-        per_query = (hi - lo)[group_of_sorted]
-        by_query = np.empty(n, dtype=np.int64)       # original row order: the inverse
-        by_query[q_index] = np.arange(n)              # permutation, no sort needed
-        reps = per_query[by_query]
-        starts = lo[group_of_sorted][by_query]
-        rows = ranges(starts, reps)
-        qi = np.repeat(np.arange(n), reps)           # q_index is a permutation of 0..n-1
-        key_rows = uq.take(u_rows[rows])
-        out_vals = vals.take(rows) if vals is not None else None
-        return _record_table(schema, qi, key_rows, out_vals, counts[rows])
-
-    def _lookup_batch(self, batch: Batch, uq: pa.Table, found: list, found_u: list,
-                      dictionary: frozenset = frozenset()) -> None:
-        part_of = seek_parts(batch, uq)    # non-decreasing: the queries are sorted
-        edges = np.searchsorted(part_of, np.arange(len(batch.parts) + 1), side="left")
-        for p in np.flatnonzero(np.diff(edges)):
-            lo, hi = int(edges[p]), int(edges[p + 1])
-            qsel = np.arange(lo, hi)
-            part = batch.parts[p]
-            first = part.dense_first_key()
-            layout = part.lookup_layout(dictionary, dense=first is not None)
-            try:
-                qk = uq.slice(lo, hi - lo)
-                if first is not None:   # key i is first + i: no keys to read or search
-                    pos, hit = _dense_positions(first, part.num_keys, qk.column(0))
-                else:
-                    pkeys = layout.keys
-                    pc_, qc_ = codes([pkeys, qk.rename_columns(pkeys.column_names)],
-                                     self.key_names)
-                    pos, hit = _positions(pc_, qc_)
-                if not hit.any():
-                    continue
-                upd, owner = select_keys(layout, pos)
-                found.append(upd)
-                found_u.append(qsel[hit][owner])
-            finally:
-                part.release()
+        order; :mod:`arrangedb.spine.read.lookup`). ``read_dictionary``: val columns to
+        return as dictionary arrays (int32 codes), taken as codes from the parts that
+        store them dictionary-coded."""
+        return lookup(self, keys, at, read_dictionary)
 
     def checkpoint(self, path=None, retain: int = 10) -> int:
         """Make the trace durable in the directory ``path`` (created when missing) as its
@@ -585,7 +293,7 @@ class Appender:
     def add(self, data, time: str | None = None, diff: str | None = None) -> None:
         t = self.trace
         t._check_open()
-        self.runs += t._build(data, time, diff, merge=False)
+        self.runs += t.runs.build(data, time, diff, merge=False)
 
     def finish(self) -> None:
         """Hand the runs to the trace. If this fails, the trace is as it was and the
@@ -593,7 +301,7 @@ class Appender:
         t = self.trace
         with t._write_lock:
             t._check_open()
-            runs = t._merge_down(self.runs)
+            runs = t.runs.merge_down(self.runs)
             t.spine.insert_runs(runs)   # on failure: runs stay ours; made outputs are garbage
             self.runs = []
             t.ctx.settle()
@@ -661,70 +369,6 @@ class TraceHandle:
         return self._trace.changes(since, upto)
 
 
-def _drop(batches: list[Batch]) -> None:
-    """Drop batches nothing else holds: their page files and reservations go now."""
-    for b in batches:
-        try:
-            b.drop()
-        except OSError:
-            pass   # an unlink the disk refuses: the file is garbage to the spill directory
-
-
-def _key_table(keys, key_schema: pa.Schema) -> pa.Table:
-    if isinstance(keys, pa.RecordBatch):
-        keys = pa.Table.from_batches([keys])
-    if not isinstance(keys, pa.Table):
-        raise SchemaError(f"lookup keys must be a pyarrow Table or RecordBatch, "
-                          f"not {type(keys).__name__}")
-    cols = []
-    for f in key_schema:
-        if f.name not in keys.column_names:
-            raise SchemaError(f"lookup keys lack key column {f.name!r} "
-                              f"(columns: {', '.join(keys.column_names)})")
-        col = keys.column(f.name).combine_chunks()
-        if col.null_count:
-            raise SchemaError(f"lookup key column {f.name!r} holds nulls")
-        if col.type != f.type:
-            try:
-                col = col.cast(f.type)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-                raise SchemaError(f"lookup key column {f.name!r} has type {col.type}, "
-                                  f"the trace's is {f.type}") from e
-        cols.append(col)
-    return pa.Table.from_arrays(cols, schema=key_schema)
-
-
-def _positions(sorted_codes: np.ndarray, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Where the queries' codes are among a part's distinct, sorted key codes: the
-    positions of those found, and which were found.
-
-    Consecutive integer codes (dense ids, the common surrogate key) need no search: a
-    key's position is its distance from the first (5x faster than a binary search of
-    380k queries in 4M keys)."""
-    n = len(sorted_codes)
-    if n == 0:
-        return np.zeros(0, np.int64), np.zeros(len(queries), dtype=bool)
-    if sorted_codes.ndim == 1 and sorted_codes.dtype.kind in "iu":
-        lo, hi = sorted_codes[0], sorted_codes[-1]
-        if int(hi) - int(lo) == n - 1:
-            hit = (queries >= lo) & (queries <= hi)
-            return (queries[hit] - lo).astype(np.int64), hit
-    pos = np.searchsorted(sorted_codes, queries)
-    hit = (pos < n) & (sorted_codes[np.minimum(pos, n - 1)] == queries)
-    return pos[hit], hit
-
-
-def _dense_positions(first: int, n: int, queries) -> tuple[np.ndarray, np.ndarray]:
-    """Positions of integer queries among the keys first, first + 1, ..., first + n - 1,
-    and which were found."""
-    q = queries.to_numpy() if not isinstance(queries, pa.ChunkedArray) \
-        else queries.combine_chunks().to_numpy()
-    # uint64 queries beyond int64 wrap to negatives: below an unsigned first key, missed
-    q = q.astype(np.int64, copy=False)
-    hit = (q >= first) & (q <= first + n - 1)
-    return q[hit] - np.int64(first), hit
-
-
 def _record_batch(schema: pa.Schema, keys: pa.Table, vals: pa.Table | None,
                   extra: list[np.ndarray]) -> pa.RecordBatch:
     arrays = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in keys.columns]
@@ -733,11 +377,3 @@ def _record_batch(schema: pa.Schema, keys: pa.Table, vals: pa.Table | None,
                    for c in vals.columns]
     arrays += [pa.array(e) for e in extra]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
-
-
-def _record_table(schema, qi, keys, vals, counts) -> pa.Table:
-    arrays = [pa.array(qi)] + list(keys.columns)
-    if vals is not None:
-        arrays += list(vals.columns)
-    arrays.append(pa.array(counts))
-    return pa.Table.from_arrays(arrays, schema=schema)

@@ -159,7 +159,7 @@ def test_lookups_in_dense_id_parts_find_keys_without_reading_them(tmp_path, monk
     offset from its first key, its keys and one-val-per-key bounds never decoded whole:
     the rows equal the snapshot's, for queries in and out of range (beyond int64 too)."""
     import importlib
-    trace_mod = importlib.import_module("arrangedb.spine.trace")
+    trace_mod = importlib.import_module("arrangedb.spine.read.lookup")
     dense_calls = []
     real = trace_mod._dense_positions
     monkeypatch.setattr(trace_mod, "_dense_positions",
@@ -282,7 +282,7 @@ def test_a_part_that_breaks_its_columns_codec_is_encoded_by_its_own_choice(engin
     t = engine.arrange(pa.table({"k": np.arange(n), "amount": cents}), key=["k"],
                        vals=["amount"])
     t.merge_all()
-    parts = t.spine.batches()[0].parts
+    parts = t.batches()[0].parts
     codecs = [p.columns["vals"][0]["codec"] for p in parts]
     assert len(parts) > 2 and codecs[0] == "scaled_float" and codecs[-1] == "zstd", codecs
     got = t.snapshot().read_all()
@@ -305,7 +305,7 @@ def test_distinct_rows_read_back_through_their_single_stored_update(engine, vals
     table = pa.table({"k": keys, "v": np.arange(n) % max(vals_per_key, 1)})
     vals = ["v"] if vals_per_key else []
     t = engine.arrange(table.select(["k"] + vals), key=["k"], vals=vals)
-    assert len(t.spine.batches()[0].parts) > 1
+    assert len(t.batches()[0].parts) > 1
     seen = 0
     from arrangedb.spine.data.kernels import key_starts
     for block in t.cursor(window_rows=5000):
@@ -317,7 +317,7 @@ def test_distinct_rows_read_back_through_their_single_stored_update(engine, vals
     assert np.array_equal(snap["k"].to_numpy(), keys) and (snap["count"].to_numpy() == 1).all()
     if vals:
         assert np.array_equal(snap["v"].to_numpy(), table["v"].to_numpy())
-    assert len(expanded) >= 2 * len(t.spine.batches()[0].parts)   # cursor and snapshot
+    assert len(expanded) >= 2 * len(t.batches()[0].parts)   # cursor and snapshot
 
 
 class _Source:

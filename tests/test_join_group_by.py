@@ -196,7 +196,7 @@ def test_parts_counted_differently_are_gathered_apart(tmp_path, monkeypatch):
         lt = e.arrange(L, key=["k"], vals=["x"], diff="d")
         rt = e.arrange(R, key=["k"])
         lt.merge_all()
-        assert len(lt.spine.batches()[0].parts) > 2 and len(rt.spine.batches()[0].parts) == 1
+        assert len(lt.batches()[0].parts) > 2 and len(rt.batches()[0].parts) == 1
         want = _plain(lt, rt, "g", aggs, None)
         with monkeypatch.context() as m:
             _no_join(m)

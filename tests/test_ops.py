@@ -125,7 +125,7 @@ def test_expand_join_over_a_left_side_of_several_runs(engine, sizes, nkeys, retr
     for c in chunks[1:]:
         load.add(c)
     load.finish()
-    assert len([c for c in chunks if c.num_rows]) < 2 or len(lt.spine.batches()) > 1
+    assert len([c for c in chunks if c.num_rows]) < 2 or len(lt.batches()) > 1
     net = Counter()
     for c in chunks:
         for r in c.to_pylist():
@@ -429,7 +429,7 @@ def test_read_dictionary_hands_over_stored_codes(engine):
     rng = np.random.default_rng(5)
     L = _string_side(rng, 5000, 100, "a", 3)
     lt = engine.arrange(L, key=["k"])
-    part = lt.spine.batches()[0].parts[0]
+    part = lt.batches()[0].parts[0]
     assert type(part).__name__ == "PagedPart" and part.columns["vals"][0]["codec"] == "dict"
     upd, _ = part.read(frozenset({"a"}))
     assert len(upd.vals.column("a").chunk(0).dictionary) == 3

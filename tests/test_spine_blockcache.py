@@ -139,7 +139,7 @@ def test_lookups_hit_the_cache_and_read_only_touched_blocks(tmp_path, monkeypatc
         per_region = {r: sum(1 for x, _ in calls if x == r) for r in touched}
         times = [r for r in per_region if "/times." in r]
         assert times and all(per_region[r] <= 3 * len(keys) for r in times)
-        batch = trace.spine.batches()[0]
+        batch = trace.batches()[0]
         blocks_of = {g["regions"][0]: len(g["meta"]["blocks"][0]["raw"]) - 1
                      for p in batch.parts for g in p.columns["times"]}
         assert sum(per_region[r] for r in times) < sum(blocks_of[r] for r in times)
@@ -151,7 +151,7 @@ def test_lookups_hit_the_cache_and_read_only_touched_blocks(tmp_path, monkeypatc
         assert engine.stats()["block_cache_bytes"] > 0
         assert again.equals(first)
         # without the cache (and without zstd), the same answers
-        for b in trace.spine.batches():
+        for b in trace.batches():
             for p in b.parts:
                 p.cache = None
         uncached = trace.lookup(keys)

@@ -108,7 +108,7 @@ class SpineMachine(RuleBasedStateMachine):
         cols = Columns.resolve(full, self.key_names, self.val_names, "t", "d")
         ks, vs = target_schemas(full, cols)
         self.trace = Trace(self.ctx, ks, vs, cols)
-        self.trace.spine.insert_runs(self.trace._build(full.empty_table(), "t", "d"))
+        self.trace.spine.insert_runs(self.trace.runs.build(full.empty_table(), "t", "d"))
 
     def _table(self, rows):
         data = {name: [] for name in self.full_schema.names}
@@ -162,7 +162,7 @@ class SpineMachine(RuleBasedStateMachine):
         """Memory pressure: the budget's spiller writes resident batches to page files."""
         before = self.ctx.resident.bytes
         # a batch a merge in progress is reading is pinned: paging it out frees nothing
-        free = sum(b.stored_bytes for b in self.trace.spine.batches()
+        free = sum(b.stored_bytes for b in self.trace.batches()
                    if b.pagefile is None and not any(p.pins for p in b.parts))
         freed = self.ctx.resident.spill(wanted)
         assert self.ctx.resident.bytes == before - freed
@@ -176,7 +176,7 @@ class SpineMachine(RuleBasedStateMachine):
     def resident_bytes_are_reserved(self):
         store = self.trace.ctx.resident if self.trace is not None else None
         if store is not None:
-            live = [b for b in self.trace.spine.batches() if b.pagefile is None]
+            live = [b for b in self.trace.batches() if b.pagefile is None]
             assert store.bytes == sum(b.stored_bytes for b in live)
             assert self.budget.held >= store.bytes
             if not self.trace.stats()["merges_in_progress"]:   # they hold parts between calls

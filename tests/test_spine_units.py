@@ -27,7 +27,7 @@ def memory_trace(data, key, vals=None, time=None, diff=None, **ctx):
     cols = Columns.resolve(schema, key, vals, time, diff)
     ks, vs = target_schemas(schema, cols)
     trace = Trace(StorageContext(**ctx), ks, vs, cols)
-    trace.spine.insert_runs(trace._build(pa.RecordBatchReader.from_batches(schema, stream),
+    trace.spine.insert_runs(trace.runs.build(pa.RecordBatchReader.from_batches(schema, stream),
                                          cols.time, cols.diff))
     return trace
 
@@ -379,7 +379,7 @@ def test_merged_reads_take_full_steps_over_sources_of_unequal_density():
     ctx = dict(part_bytes=8 << 10, window_rows=2048)
     traces = [memory_trace(dense, ["k"], ["v"], **ctx),
               memory_trace(sparse, ["k"], ["v"], **ctx)]
-    batches = [b for t in traces for b in t.spine.batches()]
+    batches = [b for t in traces for b in t.batches()]
     assert all(len(b.parts) > 10 for b in batches)
     reader = MergedReader(batches, traces[0].ctx, tags=[0, 1])
     steps, seen, last = 0, [0, 0], -1
@@ -433,11 +433,11 @@ def test_runs_hold_half_the_budget_by_their_sort_cost(tmp_path, monkeypatch):
     most that, and (but the last) filled to it -- a chunk of input that would take a
     run past it is split, not left whole for the next run."""
     from arrangedb import Engine
-    from arrangedb.spine import trace as trace_module
+    from arrangedb.spine.build import runs as runs_module
 
     sealed = []
-    real = trace_module.Trace._seal_run
-    monkeypatch.setattr(trace_module.Trace, "_seal_run", lambda self, buffered, reserved, *a: (
+    real = runs_module.RunBuilder.seal
+    monkeypatch.setattr(runs_module.RunBuilder, "seal", lambda self, buffered, reserved, *a: (
         sealed.append((reserved, sum(len(u) for u in buffered))) or real(self, buffered,
                                                                           reserved, *a)))
     n = 1_500_000
@@ -445,7 +445,7 @@ def test_runs_hold_half_the_budget_by_their_sort_cost(tmp_path, monkeypatch):
     with Engine(spill_dir=tmp_path, memory_budget="32MiB") as engine:
         trace = engine.arrange(t, key=["k"], vals=["v"])
         assert len(trace.snapshot().read_all()) == n
-        costs = [trace_module._sort_cost(reserved, rows) for reserved, rows in sealed]
+        costs = [runs_module.sort_cost(reserved, rows) for reserved, rows in sealed]
         assert max(costs) <= 16 << 20
         assert min(costs[:-1]) >= 0.99 * (16 << 20)   # cut at 64k-row chunks: ~0.81
     assert len(sealed) >= 4 and sum(rows for _, rows in sealed) == n
@@ -476,13 +476,13 @@ def test_one_large_input_batch_is_sorted_within_a_small_budget(tmp_path, kind):
 def test_a_failed_run_gives_back_every_reservation(tmp_path, monkeypatch, where):
     from arrangedb import Engine
     from arrangedb.spine.build import builder as builder_module
-    from arrangedb.spine import trace as trace_module
+    from arrangedb.spine.build import runs as runs_module
 
     def boom(*a, **k):
         raise RuntimeError("injected")
 
     if where == "sort":
-        monkeypatch.setattr(trace_module, "consolidate", boom)
+        monkeypatch.setattr(runs_module, "consolidate", boom)
     else:
         monkeypatch.setattr(builder_module.Builder, "done", boom)
     with Engine(spill_dir=tmp_path, memory_budget="32MiB") as e:
@@ -599,10 +599,10 @@ def test_an_insert_of_a_few_batch_shares_stays_resident_as_several_runs(tmp_path
     with Engine(spill_dir=tmp_path, memory_budget="64MiB") as e:
         tr = e.arrange(_delta(rng, 1000, 100, t=0), key=["k"], vals=["v"], time="time",
                        diff="diff")
-        on_disk, batches = tr.stats()["bytes_on_disk"], len(tr.spine.batches())
+        on_disk, batches = tr.stats()["bytes_on_disk"], len(tr.batches())
         delta = _delta(rng, 300_000, 1 << 30)     # ~10 MB: 2.4 batch shares of 4 MiB
         tr.insert(delta)
-        runs = len(tr.spine.batches()) - batches
+        runs = len(tr.batches()) - batches
         assert runs >= 3
         assert tr.stats()["bytes_on_disk"] == on_disk
         s = e.stats()
@@ -642,7 +642,7 @@ def test_saving_a_trace_writes_its_resident_batches_and_keeps_them(tmp_path):
 def test_key_positions_match_a_search(keys, queries, dense_from, dtype):
     """Lookups find keys by offset when a part's codes are consecutive (dense ids), by
     binary search otherwise: both give what a search gives."""
-    from arrangedb.spine.trace import _positions
+    from arrangedb.spine.read.lookup import _positions
 
     if dense_from:      # consecutive keys, queries around and inside them
         keys = list(range(dense_from * 10, dense_from * 10 + len(keys)))

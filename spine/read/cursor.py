@@ -147,8 +147,8 @@ def co_blocks(traces: list, at: int | None = None,
     batches, tags = [], []
     for i, t in enumerate(traces):
         if changes is None:
-            t._check_read_time(at)
-        bs = [b for b in t.spine.batches() if _may_matter(b, at, changes, t.since)]
+            t.check_read_time(at)
+        bs = [b for b in t.batches() if _may_matter(b, at, changes, t.since)]
         batches += bs
         tags += [i] * len(bs)
     ctx = traces[0].ctx
@@ -212,8 +212,8 @@ def part_blocks(trace, at: int | None = None, dictionary: frozenset = frozenset(
     ``key_sums`` instead of in ``vals``. ``columns``: the other val columns the reader
     needs (None: all); blocks may hold more.
     """
-    trace._check_read_time(at)
-    batches = [b for b in trace.spine.batches()
+    trace.check_read_time(at)
+    batches = [b for b in trace.batches()
                if len(b) and _may_matter(b, at, None, trace.since)]
     if len(batches) != 1:
         for (b,) in co_blocks([trace], at, dictionary=[dictionary]):

@@ -1,0 +1,246 @@
+"""Runs: sorting input into batches within the memory budget.
+
+An input (a table, a stream of batches, a Parquet file) is buffered until sorting what
+is buffered would hold the run's share of the budget (:func:`sort_cost`), then sorted,
+consolidated and written as one batch -- a *run* -- or kept in memory as a resident
+batch when the engine admits it. Runs beyond the read fan-in are merged down, the oldest
+first, so that a reader can walk them all at once within the budget.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from arrangedb.spine.build.builder import Builder
+from arrangedb.spine.build.merger import Merger
+from arrangedb.spine.data import roles
+from arrangedb.spine.data.ingest import (Columns, is_file_input, open_batches, read_ahead,
+                                         to_updates)
+from arrangedb.spine.data.kernels import consolidate, key_starts
+from arrangedb.spine.data.updates import Updates
+from arrangedb.spine.storage.batch import Batch
+from arrangedb.spine.storage.context import StorageContext
+
+_MERGE_FAN_IN = 8    # runs merged into one file at a time (one decoded part each)
+# What sorting a run holds per row beside its input and its sorted copy, at its peak:
+# key and val codes, the packed prefix, the packed values with the row index, the
+# order, distinct-row starts, allocator slack. Measured: 40M (int64, float64) rows in
+# runs of 3.9M peaked at ~89 bytes a row over a 16-byte input.
+_SORT_BYTES_PER_ROW = 72
+_READ_AHEAD_SHARE = 16      # a Parquet input's batches decoded ahead: run_bytes / 16
+_STARTS_BYTES_PER_ROW = 8   # a resident run's key starts: an int64 per key and one more
+
+
+def sort_cost(input_bytes: int, rows: int) -> int:
+    """Memory a run's sort holds at once: its input, the sort's arrays and the sorted
+    copy of the input (at most as large as the input)."""
+    return 2 * input_bytes + _SORT_BYTES_PER_ROW * rows
+
+
+def pieces(stream, max_cost: int):
+    """The stream's non-empty batches, sliced so that sorting none of them alone would
+    hold more than ``max_cost`` (:func:`sort_cost`, counting the 16 bytes of time and
+    diff a row may gain as updates): a run must not have to take a whole oversized
+    batch, whose sort would outgrow the budget."""
+    for rb in stream:
+        n = rb.num_rows
+        if n == 0:
+            continue
+        cost = sort_cost(rb.nbytes + 16 * n, n)
+        if cost <= max_cost:
+            yield rb
+            continue
+        rows = max(1, n * max_cost // cost)
+        for lo in range(0, n, rows):
+            yield rb.slice(lo, rows)
+
+
+def drop(batches: list[Batch]) -> None:
+    """Drop batches nothing else holds: their page files and reservations go now."""
+    for b in batches:
+        try:
+            b.drop()
+        except OSError:
+            pass   # an unlink the disk refuses: the file is garbage to the spill directory
+
+
+class RunBuilder:
+    """Sorts inputs of one trace's schema into runs; the spine is never touched."""
+
+    def __init__(self, ctx: StorageContext, key_schema: pa.Schema,
+                 val_schema: pa.Schema | None, columns: Columns):
+        self.ctx, self.key_schema, self.val_schema = ctx, key_schema, val_schema
+        self.columns = columns
+
+    @property
+    def val_names(self) -> list[str]:
+        return self.val_schema.names if self.val_schema is not None else []
+
+    def build(self, data, time: str | None, diff: str | None, merge: bool = True,
+              resident: bool = False) -> list[Batch]:
+        """Sorted runs within the budget, at most ``ctx.read_fan_in`` of them (merged down
+        when there are more, unless ``merge`` is False); the spine is untouched.
+        ``resident``: runs may stay in memory while the engine admits them
+        (:mod:`arrangedb.spine.storage.resident`)."""
+        schema, stream = open_batches(data)
+        time = roles.resolve_role(schema, time, roles.TIME, self.columns.time)
+        diff = roles.resolve_role(schema, diff, roles.WEIGHT, self.columns.diff)
+        Columns.resolve(schema, self.key_schema.names, self.val_names, time or False,
+                        diff or False)   # fail early
+        cols = Columns(self.key_schema.names, self.val_names or None, time, diff)
+        ahead = 0
+        if is_file_input(data):   # decode only the columns it needs, while runs sort
+            schema, stream = open_batches(data, columns=cols.needed())
+            ahead = max(1, self.run_bytes() // _READ_AHEAD_SHARE)
+            self.ctx.reserve(ahead, "read-ahead")
+            stream = read_ahead(stream, ahead)
+        run_bytes = self.run_bytes()   # beside what reading ahead holds
+        store = self.ctx.resident if resident else None
+        room = store.room() if store is not None else 0
+        runs: list[Batch] = []
+        buffered: list[Updates] = []
+        size = rows = 0
+
+        def seal():
+            """Sort what is buffered into a run; its reservation passes to seal."""
+            nonlocal buffered, size, rows, run_bytes, room
+            reserved, size, rows = size, 0, 0
+            runs.append(self.seal(buffered, reserved, resident))
+            buffered = []
+            run_bytes = self.run_bytes()
+            # runs cut to the resident room while they are kept: once one is paged out,
+            # small runs would only mean more merging
+            room = store.room() if store is not None and store.holds(runs[-1]) else 0
+
+        def excess(nbytes: int, n: int) -> float:
+            """How far a run of ``n`` updates in ``nbytes`` is past its sort's share, or
+            past the resident room (as stored: updates and key starts); <= 0 within."""
+            over = sort_cost(nbytes, n) - run_bytes
+            if room:
+                over = max(over, nbytes + _STARTS_BYTES_PER_ROW * (n + 1) - room)
+            return over
+
+        def fitting(upd: Updates) -> int:
+            """How many of ``upd``'s rows the buffered run still has room for (fewer
+            than all: it is called when all would not fit)."""
+            per_row = upd.nbytes / len(upd)
+            k = (run_bytes - sort_cost(size, rows)) / (2 * per_row + _SORT_BYTES_PER_ROW)
+            if room:
+                k = min(k, (room - size - _STARTS_BYTES_PER_ROW * (rows + 1))
+                        / (per_row + _STARTS_BYTES_PER_ROW))
+            k = int(max(0, min(k, len(upd) - 1)))
+            while k and excess(size + upd.slice(0, k).nbytes, rows + k) > 0:
+                # a slice's bytes are not k average rows (bitmaps, uneven strings)
+                k -= max(1, k // 256)
+            return k
+
+        def buffer(upd: Updates) -> None:
+            nonlocal size, rows
+            self.ctx.reserve(upd.nbytes, "ingest buffer")
+            buffered.append(upd)
+            size += upd.nbytes
+            rows += len(upd)
+
+        try:
+            piece = run_bytes // 4 if not room else min(run_bytes, sort_cost(room, 0)) // 4
+            for rb in pieces(stream, max(piece, 1)):
+                upd = to_updates(rb, cols, self.key_schema, self.val_schema)
+                if buffered and excess(size + upd.nbytes, rows + len(upd)) > 0:
+                    # the run takes the rows that fit its share, the rest starts the
+                    # next: runs cut at input batches were 10% short, and 40M rows
+                    # at 512 MiB sorted into 17 runs, one past the read fan-in
+                    k = fitting(upd)
+                    if k:
+                        buffer(upd.slice(0, k))
+                        upd = upd.slice(k, len(upd))
+                    seal()
+                buffer(upd)
+                if excess(size, rows) >= 0:   # full
+                    seal()
+            if buffered:
+                seal()
+            if merge:
+                runs[:] = self.merge_down(runs)
+        except BaseException:
+            drop(runs)   # a failed build leaves nothing behind
+            raise
+        finally:
+            self.ctx.release(size)
+            if ahead:
+                try:
+                    stream.close()   # stops and joins the reading thread
+                finally:
+                    self.ctx.release(ahead)
+        self.ctx.settle()   # sorting left big freed blocks with the allocators
+        return runs
+
+    def run_bytes(self) -> int:
+        """What the next run's sort may hold (:func:`sort_cost`): half the budget, less
+        when other holders leave less than that free, never less than a part. Fewer,
+        longer runs mean less merging down to the read fan-in: at 512 MiB, 40M rows of
+        (int64, float64) sort into 16 runs, all read as they are (fan-in 16)."""
+        if self.ctx.run_bytes:
+            return self.ctx.run_bytes
+        budget = self.ctx.budget
+        if budget is None:
+            return 512 << 20
+        return max(self.ctx.part_bytes, min(budget.limit // 2, budget.limit - budget.held))
+
+    def seal(self, buffered: list[Updates], reserved: int, resident: bool = False
+                  ) -> Batch:
+        """Sort and write one run; gives back the reservation of its input. A
+        ``resident`` run is kept in memory instead when the engine admits it.
+
+        Sorting holds a few copies of the run at once (the concatenated input, codes,
+        orders, the sorted copy): they are reserved too (:func:`sort_cost`), so the
+        budget sees them instead of leaving them to the allowance.
+        """
+        try:
+            rows = sum(len(u) for u in buffered)
+            temporaries = sort_cost(reserved, rows) - reserved
+            self.ctx.reserve(temporaries, "sorting a run")
+            try:
+                joined = Updates.concat(buffered)
+                run = consolidate(joined)
+                # input already in order comes back as it is: its buffers are the caller's
+                shared = run.keys is joined.keys
+                del joined
+                buffered.clear()
+            finally:
+                # the sort's arrays are gone; the builder reserves the sorted copy, and
+                # the input's reservation covers its encoding temporaries until done
+                self.ctx.release(temporaries)
+            store = self.ctx.resident
+            if resident and store is not None and len(run):
+                starts = key_starts(run.keys)
+                if store.admits(run.nbytes + starts.nbytes):
+                    return store.make(run, starts, self.key_schema, self.val_schema,
+                                      copy=shared)
+            builder = Builder(self.ctx, self.key_schema, self.val_schema)
+            try:
+                builder.push(run)
+                return builder.done()
+            except BaseException:
+                builder.abort()   # its reservation and half-written file go now
+                raise
+        finally:
+            self.ctx.release(reserved)
+
+    def merge_down(self, runs: list[Batch]) -> list[Batch]:
+        """Merge the oldest runs (up to ``_MERGE_FAN_IN`` at a time) until at most
+        ``ctx.read_fan_in`` remain: few enough for a reader to walk them all at once
+        within the budget, one decoded part each (see ``StorageContext.for_budget``).
+        If a merge fails, the outputs made so far are dropped and ``runs`` are left to
+        the caller as they were."""
+        runs = [r for r in runs if len(r)]
+        fan_in = self.ctx.read_fan_in
+        made: list[Batch] = []
+        try:
+            while len(runs) > fan_in:
+                take = min(_MERGE_FAN_IN, len(runs) - fan_in + 1)
+                made.append(Merger(runs[:take], 0, self.ctx).finish())
+                runs = runs[take:] + [made[-1]]
+        except BaseException:
+            drop(made)
+            raise
+        return runs
