@@ -29,11 +29,13 @@ from arrangedb.codecs.plain import PLAIN
 # imported to register their codecs
 from arrangedb.codecs import (arrow_decimal, dictionary, frame, offsets,  # noqa: F401
                               scaled_float, zstd_blocks)
+from arrangedb.codecs.arrow_decimal import decimal_words, unscaled_int64
 from arrangedb.codecs.choose import choose_codec
 
 CODECS = REGISTRY
 
-__all__ = ["CODECS", "CodecError", "Encoded", "choose_codec", "decode", "decode_dictionary",
+__all__ = ["CODECS", "CodecError", "Encoded", "choose_codec", "decimal_words", "decode",
+           "decode_dictionary", "unscaled_int64",
            "decode_range", "decodes_fresh", "encode", "encoded_length", "segment_sums", "take",
            "take_dictionary"]
 

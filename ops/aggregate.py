@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.codecs.arrow_decimal import decimal_words, unscaled_int64
+from arrangedb.codecs import decimal_words, unscaled_int64
 
 FUNCTIONS = ("count", "sum", "min", "max", "count_distinct", "mean")
 

@@ -7,7 +7,8 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.spine.data.layout import ranges
+from arrangedb.spine import ranges
+
 
 DEFAULT_BATCH_ROWS = 1 << 16
 

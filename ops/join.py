@@ -32,18 +32,14 @@ import pyarrow as pa
 
 from arrangedb.ops.common import (DEFAULT_BATCH_ROWS, check_batch_rows, check_time,
                                   columns_of, output_chunks, ranges)
-from arrangedb.spine.data import roles
-from arrangedb.spine.read.cursor import Block, co_blocks
-from arrangedb.spine.data.kernels import consolidate
-from arrangedb.spine.data.order import codes
-from arrangedb.spine.storage.dictionaries import dictionary_schema
-from arrangedb.spine.data.updates import Updates
+from arrangedb.spine import (Block, Updates, co_blocks, codes, consolidate,
+                             dictionary_schema, roles)
 
 HOWS = ("inner", "left", "semi", "anti")
 
 
 # -- validation and output schema -----------------------------------------------------------
-def _check_traces(left, right) -> None:
+def check_traces(left, right) -> None:
     lt = [f.type for f in left.key_schema]
     rt = [f.type for f in right.key_schema]
     if lt != rt:
@@ -94,7 +90,7 @@ def _dictionary_columns(left, right, how: str, read_dictionary) -> tuple[frozens
     return frozenset(chosen[0]), frozenset(chosen[1])
 
 
-def _schema(left, right, how: str, changes: bool,
+def output_schema(left, right, how: str, changes: bool,
             dictionary: tuple[frozenset, frozenset] = (frozenset(), frozenset())) -> pa.Schema:
     lnames, rnames = prefixed_names(left.key_names, left.val_names, right.val_names)
     fields = list(left.key_schema)
@@ -293,7 +289,7 @@ def _snapshot(left, right, at, how, expand, batch_rows, schema, dictionary):
 
 
 # -- incremental join -------------------------------------------------------------------------
-def _lookup_block(trace, keys: pa.Table, at: int, dictionary: frozenset = frozenset()) -> Block:
+def lookup_block(trace, keys: pa.Table, at: int, dictionary: frozenset = frozenset()) -> Block:
     """The accumulated rows of ``keys`` (distinct, sorted) at ``at``, as a Block."""
     res = trace.lookup(keys.rename_columns(trace.key_names), at=at, read_dictionary=dictionary)
     qi = res.column("query_index").to_numpy()
@@ -304,9 +300,9 @@ def _lookup_block(trace, keys: pa.Table, at: int, dictionary: frozenset = frozen
 
 def _delta_terms(dl: Block, dr: Block, left, right, since, batch_rows, dictionary):
     """(key index table, li-side, ri-side, times, diffs) chunks of the three delta terms."""
-    old_r = (_lookup_block(right, dl.keys, since - 1, dictionary[1])
+    old_r = (lookup_block(right, dl.keys, since - 1, dictionary[1])
              if since > 0 and dl.num_keys else None)
-    old_l = (_lookup_block(left, dr.keys, since - 1, dictionary[0])
+    old_l = (lookup_block(left, dr.keys, since - 1, dictionary[0])
              if since > 0 and dr.num_keys else None)
     terms = []
     if old_r is not None:      # dA x B_old, at dA's times
@@ -381,14 +377,14 @@ def join(left, right, at: int | None = None, how: str = "inner", since: int | No
     batch_rows = check_batch_rows(batch_rows)
     for name, value in (("at", at), ("since", since), ("upto", upto)):
         check_time(name, value)
-    _check_traces(left, right)
+    check_traces(left, right)
     dictionary = _dictionary_columns(left, right, how, read_dictionary)
     if since is None:
         if upto is not None:
             raise ValueError("upto= needs since= (the incremental form)")
         for t in (left, right):
             t.check_read_time(at)
-        schema = _schema(left, right, how, False, dictionary)
+        schema = output_schema(left, right, how, False, dictionary)
         return pa.RecordBatchReader.from_batches(
             schema, _snapshot(left, right, at, how, expand, batch_rows, schema, dictionary))
     if at is not None:
@@ -402,6 +398,6 @@ def join(left, right, at: int | None = None, how: str = "inner", since: int | No
     if since > 0:
         for t in (left, right):
             t.check_read_time(since - 1)
-    schema = _schema(left, right, how, True, dictionary)
+    schema = output_schema(left, right, how, True, dictionary)
     return pa.RecordBatchReader.from_batches(
         schema, _incremental(left, right, since, upto, batch_rows, schema, dictionary))

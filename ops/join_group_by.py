@@ -34,15 +34,12 @@ import pyarrow as pa
 from arrangedb.ops.aggregate import (LIMB_SEP, carried, check_aggs, decimal_limbs, int_limbs,
                                      numeric_values, weigh_limbs)
 from arrangedb.ops.common import DEFAULT_BATCH_ROWS, check_batch_rows, check_time
-from arrangedb.ops.group_by import (_bincount_groups, _partial_names, _Partials,
-                                    _plain_schema, _unified, group_by)
-from arrangedb.ops.join import (HOWS, _check_traces, _schema, dictionary_readable, join,
-                                match_keys, prefixed_names)
-from arrangedb.spine.data import roles
-from arrangedb.spine.read.cursor import Block, part_blocks
-from arrangedb.spine.data.kernels import count_through
-from arrangedb.spine.data.layout import ranges
-from arrangedb.spine.data.updates import is_constant
+from arrangedb.ops.group_by import group_by
+from arrangedb.ops.partials import (Partials, bincount_groups, partial_names, plain_schema,
+                                    unified)
+from arrangedb.ops.join import (HOWS, check_traces, dictionary_readable, join, match_keys,
+                                output_schema, prefixed_names)
+from arrangedb.spine import Block, count_through, is_constant, part_blocks, ranges, roles
 
 LINEAR = ("count", "sum", "mean")
 
@@ -165,7 +162,7 @@ class _KeyPartials:
 GATHER_KEYS = 1 << 18   # A keys matched against a B block at once (~8 MiB of partials)
 
 
-def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: _Partials,
+def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: Partials,
            key_partials: _KeyPartials, b_side: int) -> Iterator[pa.RecordBatch]:
     """Walk B's blocks in key order; against each, the per-key partials of A's keys up
     to its last key, gathered across A's parts (a B block of a dimension spans many of a
@@ -310,16 +307,16 @@ def _take(column, rows: np.ndarray):
     return column.take(pa.array(rows, pa.int64()))
 
 
-def _grouped(groups: dict, cols: dict, by: list[str], partials: _Partials) -> pa.Table:
+def _grouped(groups: dict, cols: dict, by: list[str], partials: Partials) -> pa.Table:
     """Pairs grouped on ``by``: one partial row per group. (Per B block: a block's
     dictionary columns share one dictionary, so its codes are bincounted as they are.)"""
     chunk = pa.table(groups)
-    fast = _bincount_groups(chunk, by, cols)
+    fast = bincount_groups(chunk, by, cols)
     if fast is not None:
         return fast
     for p, c in cols.items():
         chunk = chunk.append_column(p, pa.array(c))
-    return partials.combine(_unified(chunk, by))
+    return partials.combine(unified(chunk, by))
 
 
 def join_group_by(left, right, by, aggs: dict, at: int | None = None, how: str = "inner",
@@ -340,12 +337,12 @@ def join_group_by(left, right, by, aggs: dict, at: int | None = None, how: str =
         raise ValueError(f"unknown how={how!r}; use one of {', '.join(HOWS)}")
     batch_rows = check_batch_rows(batch_rows)
     check_time("at", at)
-    _check_traces(left, right)
+    check_traces(left, right)
     for t in (left, right):
         t.check_read_time(at)
     by = [by] if isinstance(by, str) else list(by)
-    join_schema = _schema(left, right, how, False)
-    schema = _plain_schema(join_schema)
+    join_schema = output_schema(left, right, how, False)
+    schema = plain_schema(join_schema)
     for b in by:
         if b not in schema.names:
             raise KeyError(f"join_group_by: no column {b!r} in the join's output "
@@ -357,7 +354,7 @@ def join_group_by(left, right, by, aggs: dict, at: int | None = None, how: str =
         return group_by(join(left, right, at=at, how=how, batch_rows=batch_rows), by, aggs,
                         weight="count", engine=engine, batch_rows=batch_rows)
     where = _sides(left, right)
-    partials = _Partials(by, aggs, _partial_names(aggs), schema, "count")
+    partials = Partials(by, aggs, partial_names(aggs), schema, "count")
     column_of = {out: name for out, (s, name) in where.items() if s == side}
     a_trace, b_trace = (left, right) if side == 0 else (right, left)
     stream = pa.RecordBatchReader.from_batches(

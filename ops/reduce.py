@@ -20,10 +20,8 @@ import pyarrow as pa
 
 from arrangedb.ops.aggregate import aggregate, check_aggs, grouped_sum, output_field
 from arrangedb.ops.common import check_time, columns_of
-from arrangedb.ops.join import _lookup_block
-from arrangedb.spine.data import roles
-from arrangedb.spine.read.cursor import Block, blocks
-from arrangedb.spine.data.order import codes
+from arrangedb.ops.join import lookup_block
+from arrangedb.spine import Block, blocks, codes, roles
 
 
 def _agg_schema(trace, aggs: dict, changes: bool) -> pa.Schema:
@@ -68,9 +66,9 @@ def _incremental(trace, aggs, since, upto, schema):
         if d.num_keys == 0:
             continue
         last_time = np.maximum.reduceat(d.times, d.key_bounds[:-1])
-        new = _lookup_block(trace, d.keys, upto - 1 if upto is not None else None)
+        new = lookup_block(trace, d.keys, upto - 1 if upto is not None else None)
         if since > 0:
-            old = _lookup_block(trace, d.keys, since - 1)
+            old = lookup_block(trace, d.keys, since - 1)
         else:
             old = Block(d.keys, np.zeros(d.num_keys + 1, np.int64),
                         trace.val_schema.empty_table() if trace.val_schema is not None else None,

@@ -281,9 +281,9 @@ def snapshot_reduce(df, by, aggs: dict, num_partitions: int | None = None, memor
             cols = list(dict.fromkeys(cols + [weight]))
         src = fused[1].out_schema if fused is not None else _arrow_schema(df.select(*cols).schema)
         first, last = spec("partial", src), spec("final", src)
-        from arrangedb.spark_integration.partition import _partial_schema
+        from arrangedb.spark_integration.partition import partial_schema
 
-        partial_out = _spark_schema(_partial_schema(first))
+        partial_out = _spark_schema(partial_schema(first))
         if fused is not None:
             # the DataFrame is a snapshot_join's output: aggregate in the join's own tasks,
             # so the joined rows never travel back to the JVM and out again

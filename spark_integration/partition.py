@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.spine.storage.dictionaries import dictionary_schema
+from arrangedb.spine import dictionary_schema
+
 
 SIDE = "__arrangedb_side"
 NULLS = "__arrangedb_nulls"
@@ -298,7 +299,7 @@ def reduce_partition(batches, spec: ReduceSpec):
     with task.engine() as engine:
         if spec.phase in ("partial", "final"):
             stream = pa.RecordBatchReader.from_batches(
-                spec.source_schema if spec.phase == "partial" else _partial_schema(spec),
+                spec.source_schema if spec.phase == "partial" else partial_schema(spec),
                 counted(batches))
             out = adb.group_by(stream, spec.by, spec.aggs, weight=spec.weight or False,
                                engine=engine, phase=spec.phase,
@@ -332,12 +333,12 @@ def reduce_partition(batches, spec: ReduceSpec):
         task.report(engine)
 
 
-def _partial_schema(spec: ReduceSpec) -> pa.Schema:
+def partial_schema(spec: ReduceSpec) -> pa.Schema:
     from arrangedb.ops.aggregate import check_aggs
-    from arrangedb.ops.group_by import _partial_names, _Partials
+    from arrangedb.ops.partials import Partials, partial_names
 
     aggs = check_aggs(spec.aggs, spec.source_schema, "the input")
-    return _Partials(spec.by, aggs, _partial_names(aggs), spec.source_schema,
+    return Partials(spec.by, aggs, partial_names(aggs), spec.source_schema,
                      None).partial_schema()
 
 

@@ -1,1 +1,28 @@
-"""spine"""
+"""The spine: arrangements as traces of sorted, immutable batches.
+
+The sub-packages follow the data: ``data`` (updates, their sort order, consolidation,
+leaf layouts, stream roles, input reading), ``storage`` (parts in memory and in page
+files, batches, resident batches, the block cache), ``build`` (runs, merges, the levels
+of a spine and their merge policy), ``read`` (cursors, merged reads, batched lookups)
+and ``persist`` (checkpoints). ``trace`` and ``engine`` are the public face.
+
+What this module exports is the surface the operators (:mod:`arrangedb.ops`) and the
+Spark integration use; they import nothing else of the spine.
+"""
+
+from arrangedb.spine.data import roles
+from arrangedb.spine.data.ingest import Columns, SchemaError, open_batches
+from arrangedb.spine.data.kernels import consolidate, count_through
+from arrangedb.spine.data.layout import ranges
+from arrangedb.spine.data.order import codes
+from arrangedb.spine.data.updates import Updates, is_constant
+from arrangedb.spine.read.cursor import Block, blocks, co_blocks, part_blocks
+from arrangedb.spine.storage.dictionaries import dictionary_schema
+from arrangedb.spine.trace import Trace, TraceHandle
+from arrangedb.spine.engine import Engine, engine_for
+
+__all__ = [
+    "Block", "Columns", "Engine", "SchemaError", "Trace", "TraceHandle", "Updates",
+    "blocks", "co_blocks", "codes", "consolidate", "count_through", "dictionary_schema",
+    "engine_for", "is_constant", "open_batches", "part_blocks", "ranges", "roles",
+]

@@ -27,15 +27,15 @@ from arrangedb.spine.trace import Trace
 
 
 # What an engine's first operations would otherwise load inside its measurement.
-_CODE = ("pyarrow.compute", "zstandard",
-         "arrangedb.ops", "arrangedb.spine.storage.paged", "arrangedb.spine.storage.resident",
-         "arrangedb.spine.storage.blockcache")
+# (The spine's own modules are loaded by importing it; the operators, a layer above,
+# load when a job first uses one.)
+_CODE = ("pyarrow.compute", "zstandard")
 _code_loaded = False
 
 
 def _load_code() -> None:
     """Load, once per process, the code every engine's work needs -- pyarrow's compute
-    module, zstandard, the operators, and pandas, which pyarrow imports on its first
+    module, zstandard, and pandas, which pyarrow imports on its first
     conversion from or to numpy when it is installed (~35 MiB, 0.13 s) -- before the
     budget takes its RSS baseline: the allowance is for what the work holds beside its
     reservations, and code is loaded once per process, not per job. Parquet and

@@ -123,7 +123,7 @@ def _union_starts(a: np.ndarray, b: np.ndarray, n: int) -> tuple[np.ndarray, np.
     return np.flatnonzero(mark), leaf_of
 
 
-def _leaf_update_index(bounds: np.ndarray, singleton: bool = False
+def leaf_update_index(bounds: np.ndarray, singleton: bool = False
                        ) -> tuple[np.ndarray | None, np.ndarray]:
     """For each logical update, the index of its stored (time, diff); and per-leaf counts.
 
@@ -142,7 +142,7 @@ def from_layout(part: PartLayout) -> Updates:
     """Expand the layout back into one row per update (the inverse of ``to_layout``)."""
     leaves = part.val_bounds if part.vals is not None else part.key_bounds
     singleton = len(part.times) == 1
-    idx, leaf_counts = _leaf_update_index(leaves, singleton)
+    idx, leaf_counts = leaf_update_index(leaves, singleton)
     if singleton:
         n = int(leaf_counts.sum())
         times = np.full(n, part.times[0], dtype=np.uint64)

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from arrangedb.spine.data.kernels import accumulate, consolidate, filter_times, key_starts
-from arrangedb.spine.data.layout import PartLayout, _leaf_update_index, repeat_rows
+from arrangedb.spine.data.layout import PartLayout, leaf_update_index, repeat_rows
 from arrangedb.spine.data.order import codes, fast_argsort
 from arrangedb.spine.storage.dictionaries import dictionary_schema
 from arrangedb.spine.read.reader import MergedReader, step_updates
@@ -268,7 +268,7 @@ def _layout_block(layout: PartLayout, at: int | None, key_sums: dict | None = No
                          None if vals is None else vals.slice(0, 0), np.zeros(0, np.int64))
         return Block(keys, bounds, vals, counts, key_sums=key_sums or None)
     leaves = layout.val_bounds if vals is not None else layout.key_bounds
-    idx, per_leaf = _leaf_update_index(leaves)
+    idx, per_leaf = leaf_update_index(leaves)
     times = layout.times if idx is None else layout.times[idx]
     diffs = layout.diffs if idx is None else layout.diffs[idx]
     if at is not None and len(times) and int(times.max()) > at:
