@@ -1,1 +1,2 @@
-"""Data kernels: updates and their sort order, consolidation, leaf layouts, stream roles, input reading."""
+"""Data kernels: updates and their sort order, consolidation, leaf layouts, stream roles,
+input reading."""
