@@ -16,7 +16,7 @@ precision and scale included. Segment sums are the unscaled integers' sums (int6
 declined when a sum could leave int64), which a reader scales itself.
 
 ``decimal_words`` and ``unscaled_int64`` are the views of a decimal array the sort codes
-(:mod:`arrangedb.spine.data.order`) and the exact aggregates (:mod:`arrangedb.ops.aggregate`)
+(:mod:`arrangedb.spine.data.codes`) and the exact aggregates (:mod:`arrangedb.ops.aggregate`)
 work on as well.
 """
 

@@ -14,7 +14,7 @@ from arrangedb.spine.data import roles
 from arrangedb.spine.data.ingest import Columns, SchemaError, open_batches
 from arrangedb.spine.data.kernels import consolidate, count_through
 from arrangedb.spine.data.layout import ranges
-from arrangedb.spine.data.order import codes
+from arrangedb.spine.data.codes import codes
 from arrangedb.spine.data.updates import Updates, is_constant
 from arrangedb.spine.read.cursor import Block, blocks, co_blocks, part_blocks
 from arrangedb.spine.storage.dictionaries import dictionary_schema

@@ -15,7 +15,8 @@ from arrangedb.spine.storage.context import StorageContext
 from arrangedb.spine.data.ingest import Columns, SchemaError, open_batches, target_schemas
 from arrangedb.spine.data.kernels import consolidate
 from arrangedb.spine.data.layout import from_layout, to_layout
-from arrangedb.spine.data.order import PARALLEL_SORT_FROM, codes, fast_argsort, sort_rows
+from arrangedb.spine.data.codes import codes
+from arrangedb.spine.data.order import PARALLEL_SORT_FROM, fast_argsort, sort_rows
 from arrangedb.spine.build.levels import level_of
 from arrangedb.spine.trace import Trace
 from arrangedb.spine.data.updates import Updates

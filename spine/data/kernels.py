@@ -16,8 +16,9 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.spine.data.order import (absolute_codes, codes, count_le, is_absolute,
-                                   sort_rows, sorted_row_starts)
+from arrangedb.spine.data.codes import (absolute_codes, codes, count_le, is_absolute,
+                                        sorted_row_starts)
+from arrangedb.spine.data.order import sort_rows
 from arrangedb.spine.data.updates import Updates, all_equal, constant
 
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.spine.data.order import sorted_row_starts
+from arrangedb.spine.data.codes import sorted_row_starts
 from arrangedb.spine.data.updates import Updates, all_equal, constant
 
 

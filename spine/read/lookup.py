@@ -12,7 +12,8 @@ from arrangedb.spine.data import roles
 from arrangedb.spine.data.ingest import SchemaError
 from arrangedb.spine.data.kernels import accumulate
 from arrangedb.spine.data.layout import ranges, select_keys
-from arrangedb.spine.data.order import codes, sort_order
+from arrangedb.spine.data.codes import codes
+from arrangedb.spine.data.order import sort_order
 from arrangedb.spine.data.updates import Updates
 from arrangedb.spine.read.reader import seek_parts
 from arrangedb.spine.storage.batch import Batch

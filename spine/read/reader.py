@@ -25,7 +25,7 @@ from arrangedb.spine.storage.batch import Batch
 from arrangedb.spine.storage.context import StorageContext
 from arrangedb.spine.data.kernels import count_through, smallest_last_key
 from arrangedb.spine.data.updates import Updates
-from arrangedb.spine.data.order import codes
+from arrangedb.spine.data.codes import codes
 
 
 class BatchReader:
