@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 from arrangedb.ops.aggregate import aggregate, check_aggs, output_field
 from arrangedb.ops.common import DEFAULT_BATCH_ROWS, columns_of
 from arrangedb.ops.partials import Partials, partial_names, plain_schema
-from arrangedb.pager import release_freed_memory
+from arrangedb.pager import GROUP_BY_SHARE, release_freed_memory
 from arrangedb.spine import engine_for, open_batches, roles
 
 def _has_null_key(table: pa.Table, by: list[str]) -> np.ndarray:
@@ -146,7 +146,7 @@ def _run(partials: Partials, batches, engine, batch_rows, first, last):
         # combining the held partials takes two to three times their size again (the
         # concatenation, Arrow's hash table and its output): an eighth of the budget
         # held keeps that within the budget's share left beside the readers
-        limit = max(engine.budget.limit // 8, 1 << 20)
+        limit = max(engine.budget.limit // GROUP_BY_SHARE, 1 << 20)
         churn = 0
         budget = engine.budget
         for chunk in _coalesced(batches, min(limit // 8, 64 << 20)):

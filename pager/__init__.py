@@ -3,8 +3,9 @@
 Knows nothing of keys or times -- only bytes, regions, budgets and directories.
 """
 
-from arrangedb.pager.budget import (PROCESS_RSS_ALLOWANCE, RSS_ALLOWANCE, MemoryBudget,
-                                     release_freed_memory)
+from arrangedb.pager.budget import PROCESS_RSS_ALLOWANCE, RSS_ALLOWANCE, MemoryBudget
+from arrangedb.pager.process_memory import release_freed_memory
+from arrangedb.pager.sizing import GROUP_BY_SHARE
 from arrangedb.pager.errors import (BudgetExceeded, CorruptionError, DirectoryLocked,
                                    ManifestError, PageFileError, SpillError)
 from arrangedb.pager.pagefile import PageFile, PageWriter, RegionInfo
@@ -12,7 +13,7 @@ from arrangedb.pager.sizes import format_size, parse_size
 from arrangedb.pager.spilldir import SpillDirectory, remove_stale
 
 __all__ = [
-    "PROCESS_RSS_ALLOWANCE", "RSS_ALLOWANCE", "BudgetExceeded", "CorruptionError",
+    "GROUP_BY_SHARE", "PROCESS_RSS_ALLOWANCE", "RSS_ALLOWANCE", "BudgetExceeded", "CorruptionError",
     "DirectoryLocked", "ManifestError", "MemoryBudget", "PageFile", "PageFileError",
     "PageWriter", "RegionInfo", "SpillDirectory", "SpillError", "format_size", "parse_size",
     "release_freed_memory", "remove_stale",

@@ -52,7 +52,6 @@ import struct
 import threading
 import weakref
 import zlib
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -61,6 +60,7 @@ import pyarrow as pa
 from arrangedb.pager.checksum import checksum64, wsum64
 from arrangedb.pager.diskio import disk
 from arrangedb.pager.errors import PageFileError, SpillError
+from arrangedb.pager.residency import ResidentSet
 from arrangedb.pager.sizes import format_size
 
 MAGIC = b"ARNGDBPG"
@@ -217,48 +217,6 @@ class PageWriter:
             self.abort()
 
 
-class ResidentSet:
-    """Mapped regions charged to one budget, least recently mapped first."""
-
-    _by_budget: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-    _guard = threading.Lock()
-
-    def __init__(self, budget):
-        self.budget = budget
-        self.regions: OrderedDict = OrderedDict()   # (pagefile key, name) -> (ref, length)
-        self.released: "weakref.WeakSet[PageFile]" = weakref.WeakSet()   # to sweep
-        self.token = budget.add_spiller(self.spill, priority=0)
-
-    @classmethod
-    def of(cls, budget) -> "ResidentSet":
-        with cls._guard:
-            rs = cls._by_budget.get(budget)
-            if rs is None:
-                rs = cls._by_budget[budget] = cls(budget)
-            return rs
-
-    def spill(self, wanted: int) -> int:
-        freed = 0
-        while self.regions and freed < wanted:
-            (_, name), (ref, length) = self.regions.popitem(last=False)
-            pf = ref()
-            if pf is None:   # dropped without close(): its mapping is gone, so is the charge
-                self.budget.release(length, "mapped pages")
-                freed += length
-                continue
-            # its pages come back from the file, maybe from the disk: check them again
-            pf._verified.discard(name)
-            freed += pf.release(name)
-        self.sweep()
-        return freed
-
-    def sweep(self) -> None:
-        """Drop the pages mapped beside the regions released since the last sweep."""
-        for pf in list(self.released):
-            pf.sweep()
-        self.released.clear()
-
-
 class PageFile:
     """A finished page file, mapped read-only; regions come out as zero-copy views."""
 
@@ -387,8 +345,12 @@ class PageFile:
         except (OSError, ValueError):
             pass   # advice only: a kernel refusing it leaves pages to the page cache
 
-    def release(self, name: str | None = None) -> int:
-        """Give a region's (or every region's) pages back; return the bytes uncharged."""
+    def release(self, name: str | None = None, reverify: bool = False) -> int:
+        """Give a region's (or every region's) pages back; return the bytes uncharged.
+        ``reverify``: check the region's bytes again when next mapped (its pages may then
+        come from the disk)."""
+        if reverify and name is not None:
+            self._verified.discard(name)
         return self.release_all([name] if name is not None else list(self._mapped))
 
     def release_all(self, names) -> int:

@@ -253,7 +253,7 @@ def test_flipped_region_byte_is_caught_on_first_buffer(shared_spill, data):
 def test_a_region_is_checked_again_after_pressure_dropped_its_pages(shared_spill):
     """Pages the budget dropped come back from the file: damage done to the file since
     the first check is caught on the next map, not decoded."""
-    from arrangedb.pager.pagefile import ResidentSet
+    from arrangedb.pager.residency import ResidentSet
 
     path, regions = _sample_file(shared_spill)
     with MemoryBudget("64MiB") as budget:

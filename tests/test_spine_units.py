@@ -499,8 +499,8 @@ def test_allocator_tuning_is_applied_once_and_can_be_turned_off():
     import subprocess
     import sys
 
-    code = ("from arrangedb.pager import MemoryBudget; from arrangedb.pager import budget; "
-            "MemoryBudget('8MiB', sample_interval=0).close(); print(budget._tuned)")
+    code = ("from arrangedb.pager import MemoryBudget, process_memory; "
+            "MemoryBudget('8MiB', sample_interval=0).close(); print(process_memory._tuned)")
     def tuned(env_value):
         env = dict(os.environ, ARRANGEDB_TUNE_MALLOC=env_value)
         return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,

@@ -20,6 +20,7 @@ from arrangedb.spine.data.kernels import consolidate, key_starts
 from arrangedb.spine.data.updates import Updates
 from arrangedb.spine.storage.batch import Batch
 from arrangedb.spine.storage.context import StorageContext
+from arrangedb.pager.sizing import READ_AHEAD_SHARE, RUN_SHARE
 
 _MERGE_FAN_IN = 8    # runs merged into one file at a time (one decoded part each)
 # What sorting a run holds per row beside its input and its sorted copy, at its peak:
@@ -27,7 +28,6 @@ _MERGE_FAN_IN = 8    # runs merged into one file at a time (one decoded part eac
 # order, distinct-row starts, allocator slack. Measured: 40M (int64, float64) rows in
 # runs of 3.9M peaked at ~89 bytes a row over a 16-byte input.
 _SORT_BYTES_PER_ROW = 72
-_READ_AHEAD_SHARE = 16      # a Parquet input's batches decoded ahead: run_bytes / 16
 _STARTS_BYTES_PER_ROW = 8   # a resident run's key starts: an int64 per key and one more
 
 
@@ -91,7 +91,7 @@ class RunBuilder:
         ahead = 0
         if is_file_input(data):   # decode only the columns it needs, while runs sort
             schema, stream = open_batches(data, columns=cols.needed())
-            ahead = max(1, self.run_bytes() // _READ_AHEAD_SHARE)
+            ahead = max(1, self.run_bytes() // READ_AHEAD_SHARE)
             self.ctx.reserve(ahead, "read-ahead")
             stream = read_ahead(stream, ahead)
         run_bytes = self.run_bytes()   # beside what reading ahead holds
@@ -184,7 +184,7 @@ class RunBuilder:
         budget = self.ctx.budget
         if budget is None:
             return 512 << 20
-        return max(self.ctx.part_bytes, min(budget.limit // 2, budget.limit - budget.held))
+        return max(self.ctx.part_bytes, min(budget.limit // RUN_SHARE, budget.limit - budget.held))
 
     def seal(self, buffered: list[Updates], reserved: int, resident: bool = False
                   ) -> Batch:

@@ -29,22 +29,22 @@ from collections import OrderedDict
 import numpy as np
 
 from arrangedb.pager import BudgetExceeded
+from arrangedb.pager.sizing import BLOCK_CACHE_SHARE, SPILL_CACHES
 
 WHAT = "block cache"
-CAPACITY_SHARE = 16   # the cache holds at most limit / 16 of the budget
 
 
 class BlockCache:
     def __init__(self, budget, capacity: int | None = None):
         self.budget = budget
         self.capacity = int(capacity if capacity is not None
-                            else budget.limit // CAPACITY_SHARE)
+                            else budget.limit // BLOCK_CACHE_SHARE)
         self._blocks: OrderedDict = OrderedDict()   # key -> read-only uint8 array
         self.bytes = 0
         self.hits = self.misses = self.evictions = 0
         self._lock = threading.RLock()
         self._closed = False
-        self._token = budget.add_spiller(self.spill, priority=-1)
+        self._token = budget.add_spiller(self.spill, priority=SPILL_CACHES)
 
     def get(self, key, load):
         """The block under ``key``; on a miss ``load()`` makes it and it is kept if it fits."""

@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from arrangedb.pager import PageWriter
-from arrangedb.pager.pagefile import ResidentSet
+from arrangedb.pager.residency import ResidentSet
 from arrangedb.spine.storage.blockcache import BlockCache
 from arrangedb.spine.storage.resident import ResidentBatches
+from arrangedb.pager.sizing import READERS_SHARE
 
 
 @dataclass
@@ -39,7 +40,7 @@ class StorageContext:
         fan_in = max(8, min(16, 4 * window // (1 << 16)))
         # A reader holds one decoded part per source (about twice the part's stored
         # size): fan_in x 2 x part = a quarter of the budget.
-        part = min(max(limit // (8 * fan_in), 256 << 10), 16 << 20)
+        part = min(max(limit // (READERS_SHARE * 2 * fan_in), 256 << 10), 16 << 20)
         cache = None
         if budget is not None:
             cache = BlockCache(budget)

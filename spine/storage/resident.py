@@ -35,9 +35,9 @@ from arrangedb.spine.storage.dictionaries import with_dictionaries
 from arrangedb.spine.storage.part import Part, boundary_key, payload_bytes
 from arrangedb.spine.data.updates import Updates, extent
 from arrangedb.spine.storage.encode import write_part
+from arrangedb.pager.sizing import (RESIDENT_BATCH_SHARE, RESIDENT_TOTAL_SHARE, RUN_SHARE,
+                                    SPILL_RESIDENT_DATA)
 
-BATCH_SHARE = 16    # one resident batch: at most limit / 16 bytes (paging it out holds
-TOTAL_SHARE = 4     # about twice that, unreserved); all of them: at most limit / 4
 
 
 @dataclass
@@ -113,14 +113,14 @@ class ResidentBatches:
     def __init__(self, ctx, budget):
         self.ctx = ctx
         self.budget = budget
-        self.batch_cap = budget.limit // BATCH_SHARE
-        self.total_cap = budget.limit // TOTAL_SHARE
+        self.batch_cap = budget.limit // RESIDENT_BATCH_SHARE
+        self.total_cap = budget.limit // RESIDENT_TOTAL_SHARE
         self.bytes = 0
         self.paged_out = 0
         self.spill_error: OSError | None = None   # the last page-out that failed
         self._held: dict[int, tuple[weakref.ref, int]] = {}   # id(batch) -> (ref, bytes)
         self._lock = threading.RLock()
-        self._token = budget.add_spiller(self.spill, priority=1)
+        self._token = budget.add_spiller(self.spill, priority=SPILL_RESIDENT_DATA)
 
     def admits(self, nbytes: int) -> bool:
         """Whether a run of ``nbytes`` may stay resident: small, within the resident
@@ -128,7 +128,7 @@ class ResidentBatches:
         already shows (else reserving it would only page out an older one)."""
         b = self.budget
         return (0 < nbytes <= self.batch_cap and self.bytes + nbytes <= self.total_cap
-                and b.held + nbytes <= b.limit // 2 and self._fits_rss(nbytes))
+                and b.held + nbytes <= b.limit // RUN_SHARE and self._fits_rss(nbytes))
 
     def room(self) -> int:
         """Bytes the next run may hold and still be admitted (RSS aside): what a
@@ -138,7 +138,7 @@ class ResidentBatches:
         b = self.budget
         # admission counts the run's own input too, still reserved then: half of what
         # is left under half the budget
-        room = min(self.batch_cap, self.total_cap - self.bytes, (b.limit // 2 - b.held) // 2)
+        room = min(self.batch_cap, self.total_cap - self.bytes, (b.limit // RUN_SHARE - b.held) // 2)
         return room if room >= self.batch_cap // 4 else 0
 
     def holds(self, batch: Batch) -> bool:

@@ -1,0 +1,100 @@
+"""The process's memory as the kernel and the allocators see it: RSS read cheaply from
+``/proc/self/statm``, glibc's malloc tuned for the engine's large short-lived blocks,
+and freed memory handed back to the OS (glibc's heap and Arrow's pool). Mechanism only:
+when to trim is the budget's policy (:mod:`arrangedb.pager.budget`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import os
+
+import psutil
+
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+class StatmReader:
+    """The process's RSS from /proc/self/statm through a kept-open descriptor.
+
+    It is the counter psutil's ``memory_info().rss`` reads on Linux, at a seventh of the
+    cost (~2 us against ~15 us: psutil opens and parses the file each time), for the
+    reservation points; the background sampler keeps asking psutil. A forked child
+    (a Spark worker) must not read its parent's file: the owner's pid is checked.
+    """
+
+    def __init__(self, process: psutil.Process):
+        self._process = process
+        self._pid = os.getpid()
+        self._fd = -1
+        if process.pid == self._pid:
+            with contextlib.suppress(OSError):
+                self._fd = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
+
+    def __call__(self) -> int:
+        if self._fd >= 0 and os.getpid() == self._pid:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                return int(os.pread(self._fd, 128, 0).split()[1]) * _PAGE_SIZE
+        return self._process.memory_info().rss
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = -1
+
+
+_libc = None
+
+
+# glibc's mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MMAP_THRESHOLD_MAX = 32 << 20    # glibc's ceiling for M_MMAP_THRESHOLD on 64-bit
+_tuned = False
+
+
+def _libc_handle():
+    global _libc
+    if _libc is None:
+        name = ctypes.util.find_library("c")
+        _libc = ctypes.CDLL(name) if name else False
+    return _libc
+
+
+def tune_allocator() -> bool:
+    """Let glibc keep big freed blocks for reuse instead of unmapping each one (once per
+    process; ``ARRANGEDB_TUNE_MALLOC=0`` leaves malloc alone). Returns whether it did.
+
+    By default glibc serves every block above a (dynamic) threshold with its own mmap and
+    gives it back on free, so each sort of a run, each merge step, faults its temporaries
+    in afresh: measured here, arranging 40M rows under 512 MiB spent 2.3 s of system time
+    in page faults, 1.3 s with blocks up to 32 MiB kept on the heap and the heap not
+    trimmed on every free (~1 s less wall time). RSS stays honest: what is kept is reused
+    by the next step of the same size, and :func:`release_freed_memory` (called after
+    every build, merge and under budget pressure) trims the heap explicitly.
+    """
+    global _tuned
+    if _tuned or os.environ.get("ARRANGEDB_TUNE_MALLOC", "1") == "0":
+        return _tuned
+    libc = _libc_handle()
+    if libc and hasattr(libc, "mallopt"):
+        _tuned = bool(libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)
+                      and libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30))
+    return _tuned
+
+
+def release_freed_memory() -> None:
+    """Hand freed heap memory back to the OS so RSS reflects what is really held.
+
+    Arrow's pool (jemalloc/mimalloc) and glibc's malloc both keep freed blocks for reuse;
+    after a big merge that retention would read as RSS the budget no longer holds.
+    """
+    import pyarrow as pa
+
+    with contextlib.suppress(Exception):
+        pa.default_memory_pool().release_unused()
+    libc = _libc_handle()
+    if libc and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)

@@ -1,0 +1,27 @@
+"""How a budget is shared out, and who gives memory back first: every share and spiller
+priority of the engine, in one place.
+
+Shares are divisors of the budget's limit (``limit // share``). The spine and the
+operators size their buffers from these; the budget enforces the total.
+"""
+
+# Spiller priorities, lowest asked first when a reservation does not fit.
+SPILL_CACHES = -1          # the block cache: copies of decoded blocks, dropped at no cost
+SPILL_MAPPED_PAGES = 0     # mapped page-file regions: read again from the file when needed
+SPILL_RESIDENT_DATA = 1    # resident batches: encoded and written to a page file first
+
+# What sorting one run may hold (its input, the sort's arrays, the sorted copy): half the
+# budget, so that the other half holds readers, caches and resident batches.
+RUN_SHARE = 2
+# Of a run's share: a Parquet input's batches decoded ahead while the run before sorts.
+READ_AHEAD_SHARE = 16
+# One resident batch (its sorted updates kept in memory), and all of them together.
+RESIDENT_BATCH_SHARE = 16
+RESIDENT_TOTAL_SHARE = 4
+# The block cache of decoded zstd blocks that lookups come back to.
+BLOCK_CACHE_SHARE = 16
+# A reader holds one decoded part per source, about twice the part's stored size: the
+# read fan-in x 2 x part size is a quarter of the budget.
+READERS_SHARE = 4
+# group_by's partial aggregates held in memory before they spill through an arrangement.
+GROUP_BY_SHARE = 8
