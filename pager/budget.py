@@ -10,7 +10,7 @@ buffers to page files, drop caches, ``madvise(MADV_DONTNEED)`` mapped regions) a
 raises :class:`BudgetExceeded` when that is not enough.
 
 Reservations are the plan; RSS is the truth. psutil samples the process's RSS (which
-includes resident pages of mapped files) on a light background timer, and reservations
+includes the pages of mapped files in memory) on a light background timer, and reservations
 read the same counter (at most once a millisecond, from a kept-open /proc/self/statm).
 The contract, checked by the tests on data several times the budget::
 

@@ -29,7 +29,7 @@ A mapped region's pages count against the budget while a reader uses them:
 :meth:`PageFile.buffer` charges the region's length, :meth:`PageFile.release` gives the
 region's pages back to the kernel (``MADV_DONTNEED`` -- clean file pages, so they simply
 refault from the file if touched again) and uncharges. Regions still charged when the
-budget runs short are released least-recently-mapped first by the budget's resident-set
+budget runs short are released least-recently-mapped first by the budget's mapped-regions
 spiller.
 
 A fault maps more than the page asked for: fault-around and large page-cache folios map
@@ -60,7 +60,7 @@ import pyarrow as pa
 from arrangedb.pager.checksum import checksum64, wsum64
 from arrangedb.pager.diskio import disk
 from arrangedb.pager.errors import PageFileError, SpillError
-from arrangedb.pager.residency import ResidentSet
+from arrangedb.pager.mapped_regions import MappedRegions
 from arrangedb.pager.sizes import format_size
 
 MAGIC = b"ARNGDBPG"
@@ -232,7 +232,7 @@ class PageFile:
         self._view = memoryview(mm) if mm is not None else memoryview(b"")
         self._verified: set[str] = set()
         self._mapped: dict[str, int] = {}   # regions touched since their last release
-        self._resident = ResidentSet.of(budget) if budget is not None else None
+        self._mapped_regions = MappedRegions.of(budget) if budget is not None else None
         self._lock = threading.Lock()
         self._key = next(_PAGEFILE_KEYS)
         self._ref = weakref.ref(self)
@@ -302,7 +302,7 @@ class PageFile:
             raise PageFileError(f"page file {self.path!r} has no region {name!r}") from None
 
     def buffer(self, name: str) -> memoryview:
-        """Zero-copy view of a region, charged as resident; its checksum is verified on
+        """Zero-copy view of a region, charged to the budget as mapped; its checksum is verified on
         its first map and after memory pressure dropped its pages (see the module)."""
         info = self._region(name)
         if self._mm is None or self._mm.closed:
@@ -314,9 +314,9 @@ class PageFile:
                                     f"mismatch (corrupt page file)")
             self._verified.add(name)
         if name not in self._mapped and info.length:
-            if self._resident is not None:
-                self._resident.budget.reserve(info.length, "mapped pages")
-                self._resident.regions[(self._key, name)] = (self._ref, info.length)
+            if self._mapped_regions is not None:
+                self._mapped_regions.budget.reserve(info.length, "mapped pages")
+                self._mapped_regions.regions[(self._key, name)] = (self._ref, info.length)
             with self._lock:
                 self._mapped[name] = info.length
         return view
@@ -365,8 +365,8 @@ class PageFile:
                 continue
             info = self.regions[n]
             spans.append(_page_span(info.offset, info.length))
-            if self._resident is not None:
-                self._resident.regions.pop((self._key, n), None)
+            if self._mapped_regions is not None:
+                self._mapped_regions.regions.pop((self._key, n), None)
                 freed += length
         spans.sort()
         start = end = None
@@ -380,8 +380,8 @@ class PageFile:
         if start is not None:
             self._advise(start, end)
         if freed:
-            self._resident.released.add(self)
-            self._resident.budget.release(freed, "mapped pages")
+            self._mapped_regions.released.add(self)
+            self._mapped_regions.budget.release(freed, "mapped pages")
         return freed
 
     def sweep(self) -> None:

@@ -253,7 +253,7 @@ def test_flipped_region_byte_is_caught_on_first_buffer(shared_spill, data):
 def test_a_region_is_checked_again_after_pressure_dropped_its_pages(shared_spill):
     """Pages the budget dropped come back from the file: damage done to the file since
     the first check is caught on the next map, not decoded."""
-    from arrangedb.pager.residency import ResidentSet
+    from arrangedb.pager.mapped_regions import MappedRegions
 
     path, regions = _sample_file(shared_spill)
     with MemoryBudget("64MiB") as budget:
@@ -261,7 +261,7 @@ def test_a_region_is_checked_again_after_pressure_dropped_its_pages(shared_spill
         try:
             info = pf.regions["keys"]
             assert bytes(pf.buffer("keys")) == raw_bytes(regions["keys"])
-            ResidentSet.of(budget).spill(1 << 30)    # memory pressure drops every region
+            MappedRegions.of(budget).spill(1 << 30)    # memory pressure drops every region
             flip_byte(path, info.offset + 17)
             with pytest.raises(PageFileError, match="checksum mismatch") as exc:
                 pf.buffer("keys")

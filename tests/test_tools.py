@@ -17,7 +17,7 @@ import pytest
 from arrangedb.codecs import encode
 from arrangedb.pager import PageFile, PageWriter
 from arrangedb.tools.cli import main
-from arrangedb.tools.inspect import format_inspect, inspect_dir
+from arrangedb.tools.inspection import format_inspect, inspect_dir
 
 ARRANGEDB = os.path.join(os.path.dirname(sys.executable), "arrangedb")
 

@@ -75,7 +75,7 @@ def _demo(rest: list[str]) -> int:
 
 
 def _inspect(path: str) -> int:
-    from arrangedb.tools.inspect import (format_inspect, format_versions, inspect_dir,
+    from arrangedb.tools.inspection import (format_inspect, format_versions, inspect_dir,
                                          inspect_versions)
 
     versions = inspect_versions(path)

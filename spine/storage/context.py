@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from arrangedb.pager import PageWriter
-from arrangedb.pager.residency import ResidentSet
+from arrangedb.pager.mapped_regions import MappedRegions
 from arrangedb.spine.storage.blockcache import BlockCache
 from arrangedb.spine.storage.resident import ResidentBatches
 from arrangedb.pager.sizing import READERS_SHARE
@@ -65,7 +65,7 @@ class StorageContext:
         if self.budget is None:
             return
         self.budget.trim_if_high()
-        ResidentSet.of(self.budget).sweep()
+        MappedRegions.of(self.budget).sweep()
 
     def reserve(self, nbytes: int, what: str) -> None:
         if self.budget is not None and nbytes > 0:

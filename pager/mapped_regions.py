@@ -1,4 +1,4 @@
-"""Residency: which mapped page-file regions stay in memory.
+"""Mapped regions: which page-file regions a budget keeps mapped in memory.
 
 Every region a reader maps is charged to the budget of the page file it belongs to,
 in the order it was mapped. Under pressure the least recently mapped regions are
@@ -17,7 +17,7 @@ from collections import OrderedDict
 from arrangedb.pager.sizing import SPILL_MAPPED_PAGES
 
 
-class ResidentSet:
+class MappedRegions:
     """Mapped regions charged to one budget, least recently mapped first."""
 
     _by_budget: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -30,7 +30,7 @@ class ResidentSet:
         self.token = budget.add_spiller(self.spill, priority=SPILL_MAPPED_PAGES)
 
     @classmethod
-    def of(cls, budget) -> "ResidentSet":
+    def of(cls, budget) -> "MappedRegions":
         with cls._guard:
             rs = cls._by_budget.get(budget)
             if rs is None:
