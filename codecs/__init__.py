@@ -31,11 +31,12 @@ from arrangedb.codecs import (arrow_decimal, dictionary, frame, offsets,  # noqa
                               scaled_float, zstd_blocks)
 from arrangedb.codecs.arrow_decimal import decimal_words, unscaled_int64
 from arrangedb.codecs.choose import choose_codec
+from arrangedb.codecs.parallel import set_threads
 
 CODECS = REGISTRY
 
 __all__ = ["CODECS", "CodecError", "Encoded", "choose_codec", "decimal_words", "decode",
-           "decode_dictionary", "unscaled_int64",
+           "decode_dictionary", "set_threads", "unscaled_int64",
            "decode_range", "decodes_fresh", "encode", "encoded_length", "segment_sums", "take",
            "take_dictionary"]
 

@@ -55,7 +55,7 @@ class _Task:
     def engine(self):
         from arrangedb import Engine
         from arrangedb.spark_integration.config import check_address_space, task_spill_root
-        from arrangedb.codecs.parallel import set_threads
+        from arrangedb.codecs import set_threads
 
         check_address_space(self.cfg.budget_bytes)
         set_threads(self.cfg.threads)   # the other cores run the other slots' tasks

@@ -18,6 +18,9 @@ import tempfile
 import psutil
 import pytest
 
+DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+"""Files the compatibility tests load: checkpoints written by earlier formats."""
+
 _PAGE_FILE = re.compile(r"\.pg(\.tmp)?( \(deleted\))?$")
 
 

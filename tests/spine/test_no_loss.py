@@ -37,7 +37,7 @@ import pyarrow as pa
 import pytest
 
 import arrangedb
-from conftest import fill_disk
+from conftest import DATA_DIR, fill_disk
 
 
 # -- helpers ---------------------------------------------------------------------------
@@ -598,7 +598,7 @@ def test_a_trace_saved_by_an_earlier_format_still_loads(tmp_path):
     (wsum64 region checksums), kept as written by the version that made them."""
     import pyarrow.parquet as pq
 
-    data = os.path.join(os.path.dirname(__file__), "data")
+    data = DATA_DIR
     expected = pq.read_table(os.path.join(data, "save-v1.expected.parquet"))
     copy = tmp_path / "save-v1"
     shutil.copytree(os.path.join(data, "save-v1"), copy)

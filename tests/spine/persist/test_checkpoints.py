@@ -53,11 +53,11 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
                                  rule, run_state_machine_as_test)
 
 import arrangedb
-from conftest import fill_disk
+from conftest import DATA_DIR, fill_disk
 from arrangedb.pager.diskio import using
 from faults import PowerLoss, injected
 
-DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+DATA = DATA_DIR
 
 
 # -- helpers ---------------------------------------------------------------------------
@@ -678,7 +678,7 @@ def write_compat_data(dst: str, expected: str) -> None:
     """Writes ``tests/data/checkpoint-v3`` (``dst``, which must not exist) and its
     expected rows (``expected``). Run once; the files are kept as written:
 
-        cd /work/main && .venv/bin/python -c "import sys; sys.path.insert(0, 'tests'); \\
+        .venv/bin/python -c "import sys; sys.path[:0] = ['tests', 'tests/spine/persist']; \\
             import test_checkpoints as t; t.write_compat_data('tests/data/checkpoint-v3', \\
             'tests/data/checkpoint-v3.expected.json')"
     """
