@@ -1,0 +1,104 @@
+"""Units of storage: a part written to a page file reads back whole, through its stored
+layout, and at the rows a lookup takes; dense integer keys are found without reading
+them; a batch's sizes add up over its parts; dropping a batch removes its file."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from arrangedb.pager import MemoryBudget, PageFile, PageWriter, SpillDirectory
+from arrangedb.spine.data.layout import select_keys, to_layout
+from arrangedb.spine.data.updates import Updates
+from arrangedb.spine.storage.encode import write_part
+from arrangedb.spine.storage.part import expand
+
+KEYS = pa.schema([("k", pa.int64())])
+VALS = pa.schema([("s", pa.string()), ("x", pa.float64())])
+
+
+@pytest.fixture
+def spill(tmp_path):
+    budget = MemoryBudget("64MiB", sample_interval=0)
+    s = SpillDirectory(tmp_path)
+    yield s, budget
+    s.close()
+    budget.close()
+
+
+def _part(spill, keys, strings, xs, times=None, diffs=None):
+    s, budget = spill
+    n = len(keys)
+    upd = Updates(pa.table({"k": np.asarray(keys, np.int64)}),
+                  pa.table({"s": pa.array(strings, pa.string()),
+                            "x": np.asarray(xs, np.float64)}),
+                  np.zeros(n, np.uint64) if times is None else np.asarray(times, np.uint64),
+                  np.ones(n, np.int64) if diffs is None else np.asarray(diffs, np.int64))
+    w = PageWriter(s)
+    part = write_part(w, 0, to_layout(upd), "auto", (KEYS, VALS), {})
+    pf = w.finish(budget=budget)
+    part.pagefile = pf
+    return upd, part, pf
+
+
+def test_a_paged_part_reads_back_whole_and_as_stored(spill):
+    rng = np.random.default_rng(5)
+    keys = np.repeat(np.arange(0, 3_000, 3), 2)
+    strings = [["red", "green", "blue"][i % 3] for i in range(keys.size)]
+    xs = np.round(rng.random(keys.size) * 100, 2)
+    upd, part, pf = _part(spill, keys, strings, xs)
+    try:
+        got, starts = part.read()
+        assert got.keys.equals(upd.keys) and got.vals.equals(upd.vals)
+        assert got.diffs.tolist() == upd.diffs.tolist()
+        assert starts.tolist() == list(range(0, keys.size + 1, 2))
+        got2, _ = expand(part.stored_layout())
+        assert got2.vals.equals(upd.vals)
+        coded, _ = part.read(frozenset({"s"}))
+        assert pa.types.is_dictionary(coded.vals.schema.field("s").type)
+        assert coded.vals.column("s").cast(pa.string()).equals(upd.vals.column("s"))
+        assert part.num_keys == 1_000 and part.num_updates == keys.size
+    finally:
+        pf.close()
+
+
+def test_a_lookup_takes_only_the_rows_it_needs_and_dense_keys_are_computed(spill):
+    keys = np.arange(100, 5_100)                      # dense ids: key i is 100 + i
+    upd, part, pf = _part(spill, keys, [str(k) for k in keys], keys / 10)
+    try:
+        assert part.dense_first_key() == 100
+        layout = part.lookup_layout(frozenset(), dense=True)
+        got, owner = select_keys(layout, np.array([0, 7, 4_999]))
+        assert got.vals.column("s").to_pylist() == ["100", "107", "5099"]
+        assert owner.tolist() == [0, 1, 2]
+        part.release()
+        sparse_upd, sparse, pf2 = _part(spill, keys * 2, ["a"] * keys.size, keys)
+        assert sparse.dense_first_key() is None
+        pf2.close()
+    finally:
+        pf.close()
+
+
+def test_damaged_part_bytes_are_named_not_decoded(spill):
+    keys = np.arange(50_000)
+    _, part, pf = _part(spill, keys, ["v"] * keys.size, keys * 1.5)
+    path = pf.path
+    pf.close()
+    with open(path, "r+b") as f:                       # flip a byte in the first region
+        f.seek(128)
+        b = f.read(1)
+        f.seek(128)
+        f.write(bytes([b[0] ^ 0xFF]))
+    s, budget = spill
+    damaged = PageFile.open(path, budget=budget)
+    part.pagefile = damaged
+    try:
+        from arrangedb.pager import CorruptionError
+
+        with pytest.raises(CorruptionError, match=os.path.basename(path)):
+            part.read()
+    finally:
+        damaged.close()
