@@ -1,8 +1,9 @@
 """StorageContext: what the spine needs from the engine -- budget, spill directory, sizes.
 
-The spine never sees files, mmap or psutil directly: it asks the context for a page
-writer and reserves memory through the budget. Sizes derive from the budget so that a
-small budget gets small parts and windows.
+Builders and merges ask the context for a page writer and reserve memory through it;
+sizes derive from the budget (:mod:`arrangedb.pager.sizing`) so that a small budget gets
+small parts and windows. Page files are opened and mapped by the storage modules
+(:mod:`.paged`, :mod:`.resident`) and by checkpoints (:mod:`arrangedb.spine.persist`).
 """
 
 from __future__ import annotations

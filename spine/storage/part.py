@@ -1,13 +1,14 @@
-"""Parts: the key-range slices a batch is made of, resident or in a page file.
+"""Parts: the key-range slices a batch is made of -- the protocol, and parts in memory.
 
 Design
 ------
 A batch is a sequence of parts with increasing, disjoint key ranges; a key never spans
-two parts. Each part is one :class:`PartLayout` (the seeds' layout). A part is either
-held in memory (``MemoryPart``) or stored as regions of the batch's page file
-(``PagedPart``), one region per buffer of each encoded column, named
-``p<index>/<field>.<buffer>``. A part keeps its first and last key in memory, so that
-searches find the parts to touch without reading any.
+two parts. Each part is one :class:`PartLayout` (the seeds' layout). There are three
+kinds: ``MemoryPart`` (a layout held in memory, for a spine without a pager),
+``ResidentPart`` (a resident batch's sorted updates, :mod:`.resident`) and
+``PagedPart`` (regions of the batch's page file, one per buffer of each encoded
+column, named ``p<index>/<field>.<buffer>``; :mod:`.paged`). A part keeps its first and
+last key in memory, so that searches find the parts to touch without reading any.
 
 Reading a part decodes it into :class:`Updates` plus ``key_starts`` (where each key's
 rows begin), which readers use to cut windows at key boundaries. A lookup reads a paged
