@@ -9,7 +9,7 @@ Each applicable codec is measured beside the baseline of the same run: one
 
 Ratios are raw bytes / encoded bytes, where raw is the sum of the Arrow array's buffer
 sizes (numpy: ``nbytes``); MB/s are raw bytes per second (best of the rounds). Targets
-(asserted at full scale only): low-cardinality string columns >= 8x smaller than raw;
+(speeds asserted at full scale only, sizes at every scale): low-cardinality string columns >= 8x smaller than raw;
 decode of plain, dict, scaled_float and stride offsets >= 2 GB/s; zstd blocks >= 500 MB/s.
 
 Scale: ``ARRANGEDB_BENCH_SCALE=full`` (4M rows) or anything else (50k rows, smoke).
@@ -165,10 +165,10 @@ def test_codec(benchmark, columns, summary, column, codec):
            "encode_mbs": raw / t_enc / 1e6, "decode_mbs": raw / t_dec / 1e6}
     benchmark.extra_info.update(row)
     summary.append(row)
-    if not FULL:
-        return
-    if column in LOW_CARDINALITY and enc.codec == "dict":
+    if column in LOW_CARDINALITY and enc.codec == "dict":   # sizes hold at any scale
         assert ratio >= MIN_LOW_CARD_RATIO, row
+    if not FULL:
+        return   # speeds of a few hundred KiB say nothing
     fast = enc.codec in ("plain", "dict", "scaled_float") or (
         enc.codec == "offsets" and enc.meta["form"] in ("stride", "const"))
     if fast:
@@ -233,6 +233,4 @@ def test_orders_arrangement_codecs_on_vs_off(benchmark, tmp_path):
     print(f"\norders arrangement, {n:,} updates: {out['off']['stored_per_update']:.1f} B/update "
           f"with codecs off, {out['on']['stored_per_update']:.1f} with codecs on "
           f"({ratio:.2f}x)")
-    assert ratio < 1.0
-    if FULL:
-        assert ratio <= 0.5
+    assert ratio <= 0.5

@@ -152,8 +152,10 @@ def test_write_throughput(benchmark, tmp_path, pool):
                                lambda: _raw_write(str(raw_dir), pool), after=_remove)
         assert spill.bytes_written >= TOTAL * ROUNDS
     ratio = _report(benchmark, "write", pager_s, raw_s)
-    if FULL:
-        assert ratio >= MIN_RATIO, f"pager writes at {ratio:.2f}x raw file I/O"
+    # one round of 32 MiB wanders too much for the target itself: half of it still
+    # catches a pager gone slow
+    assert ratio >= (MIN_RATIO if FULL else MIN_RATIO / 2), \
+        f"pager writes at {ratio:.2f}x raw file I/O"
 
 
 def test_scan_throughput(benchmark, tmp_path, pool):
@@ -173,5 +175,7 @@ def test_scan_throughput(benchmark, tmp_path, pool):
         assert budget.held == 0
         benchmark.extra_info["peak_held_bytes"] = budget.peak_held
     ratio = _report(benchmark, "scan", pager_s, raw_s)
-    if FULL:
-        assert ratio >= MIN_RATIO, f"pager scans at {ratio:.2f}x raw file I/O"
+    # one round of 32 MiB wanders too much for the target itself: half of it still
+    # catches a pager gone slow
+    assert ratio >= (MIN_RATIO if FULL else MIN_RATIO / 2), \
+        f"pager scans at {ratio:.2f}x raw file I/O"
