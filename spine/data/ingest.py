@@ -264,6 +264,17 @@ def target_schemas(schema: pa.Schema, cols: Columns) -> tuple[pa.Schema, pa.Sche
     return key_schema, val_schema
 
 
+def cast_column(col, field: pa.Field, what: str, whose: str = "the arrangement's"):
+    """``col`` as ``field``'s type, or a SchemaError naming the column and both types."""
+    if col.type == field.type:
+        return col
+    try:
+        return col.cast(field.type)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        raise SchemaError(f"{what} {field.name!r} has type {col.type}, {whose} is "
+                          f"{field.type}") from e
+
+
 def to_updates(batch: pa.RecordBatch, cols: Columns, key_schema: pa.Schema,
                val_schema: pa.Schema | None, default_time: int = 0,
                default_diff: int = 1) -> Updates:
@@ -278,25 +289,12 @@ def to_updates(batch: pa.RecordBatch, cols: Columns, key_schema: pa.Schema,
         if col.null_count:
             raise SchemaError(f"key column {f.name!r} holds {col.null_count} null(s); "
                               "keys may not be null (filter them out, or fill them)")
-        if col.type != f.type:
-            try:
-                col = col.cast(f.type)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-                raise SchemaError(f"key column {f.name!r} has type {col.type}, the "
-                                  f"arrangement's is {f.type}") from e
-        keys.append(col)
+        keys.append(cast_column(col, f, "key column"))
     vals = None
     if val_schema is not None:
         arrays = []
         for f in val_schema:
-            col = _plain(batch.column(f.name))
-            if col.type != f.type:
-                try:
-                    col = col.cast(f.type)
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-                    raise SchemaError(f"val column {f.name!r} has type {col.type}, the "
-                                      f"arrangement's is {f.type}") from e
-            arrays.append(col)
+            arrays.append(cast_column(_plain(batch.column(f.name)), f, "val column"))
         vals = pa.Table.from_arrays(arrays, schema=val_schema)
     times = _times(batch, cols.time, n, default_time)
     diffs = _diffs(batch, cols.diff, n, default_diff)

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 
 from arrangedb.spine.data import roles
-from arrangedb.spine.data.ingest import SchemaError
+from arrangedb.spine.data.ingest import SchemaError, cast_column
 from arrangedb.spine.data.kernels import accumulate
 from arrangedb.spine.data.layout import ranges, select_keys
 from arrangedb.spine.data.codes import codes
@@ -128,13 +128,7 @@ def _key_table(keys, key_schema: pa.Schema) -> pa.Table:
         col = keys.column(f.name).combine_chunks()
         if col.null_count:
             raise SchemaError(f"lookup key column {f.name!r} holds nulls")
-        if col.type != f.type:
-            try:
-                col = col.cast(f.type)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-                raise SchemaError(f"lookup key column {f.name!r} has type {col.type}, "
-                                  f"the trace's is {f.type}") from e
-        cols.append(col)
+        cols.append(cast_column(col, f, "lookup key column", "the trace's"))
     return pa.Table.from_arrays(cols, schema=key_schema)
 
 
