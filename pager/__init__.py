@@ -4,7 +4,7 @@ Knows nothing of keys or times -- only bytes, regions, budgets and directories.
 """
 
 from arrangedb.pager.budget import PROCESS_RSS_ALLOWANCE, RSS_ALLOWANCE, MemoryBudget
-from arrangedb.pager.process_memory import release_freed_memory
+from arrangedb.pager.process_memory import peak_rss, release_freed_memory
 from arrangedb.pager.sizing import GROUP_BY_SHARE
 from arrangedb.pager.errors import (BudgetExceeded, CorruptionError, DirectoryLocked,
                                    ManifestError, PageFileError, SpillError)
@@ -16,5 +16,5 @@ __all__ = [
     "GROUP_BY_SHARE", "PROCESS_RSS_ALLOWANCE", "RSS_ALLOWANCE", "BudgetExceeded", "CorruptionError",
     "DirectoryLocked", "ManifestError", "MemoryBudget", "PageFile", "PageFileError",
     "PageWriter", "RegionInfo", "SpillDirectory", "SpillError", "format_size", "parse_size",
-    "release_freed_memory", "remove_stale",
+    "peak_rss", "release_freed_memory", "remove_stale",
 ]

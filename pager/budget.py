@@ -44,7 +44,7 @@ from arrangedb.pager.sizes import format_size, parse_size
 RSS_ALLOWANCE = 100 << 20
 """Fixed allowance over ``limit`` for what reservations cannot see (see module doc)."""
 
-PROCESS_RSS_ALLOWANCE = 192 << 20
+PROCESS_RSS_ALLOWANCE = 176 << 20
 """What a whole process holds beside its budget, as a container limit sees it: the
 interpreter, numpy, pyarrow (and pandas, which pyarrow imports on its first numpy
 conversion when it is installed), arrangedb's code, and the work's allowance. A fresh

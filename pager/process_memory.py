@@ -98,3 +98,17 @@ def release_freed_memory() -> None:
     libc = _libc_handle()
     if libc and hasattr(libc, "malloc_trim"):
         libc.malloc_trim(0)
+
+
+def peak_rss() -> int | None:
+    """The kernel's high-water mark of the process's RSS (``VmHWM``), or None where
+    /proc does not say. Unlike ``ru_maxrss`` it counts only this process's own memory:
+    a process spawned by a large one (vfork and exec) does not inherit its figure."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

@@ -41,9 +41,9 @@ BUDGET_KEY = "spark.arrangedb.memoryBudget"
 SPILL_KEY = "spark.arrangedb.spillDir"
 DEFAULT_BUDGET = "512MiB"
 
-WORKER_RSS_ALLOWANCE = 256 << 20
+WORKER_RSS_ALLOWANCE = 224 << 20
 """What one Python worker holds beside its task's budget, whole (measured on
-local-cluster: the worst worker peaked at its task's budget + 162-190 MiB for budgets
+local-cluster: the worst worker peaked at its task's budget + 119-160 MiB for budgets
 of 32-128 MiB; tests/spark_integration/test_spark.py checks the rule on every Spark job it runs)."""
 
 

@@ -11,7 +11,6 @@ task's own start (the engine's budget takes its baseline then).
 from __future__ import annotations
 
 import os
-import resource
 import time
 from dataclasses import dataclass, field
 
@@ -64,14 +63,13 @@ class _Task:
     def report(self, engine) -> None:
         if self.metrics is None:
             return
-        from arrangedb.pager import RSS_ALLOWANCE
+        from arrangedb.pager import RSS_ALLOWANCE, peak_rss
 
         s = engine.stats()
         # the whole worker's high-water mark, what the container sees: the kernel's
         # (the interpreter, pyspark, numpy, pyarrow and pandas included), or the
         # engine's sampled peak if that was higher
-        worker_peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                          s["peak_rss_bytes"])
+        worker_peak = max(peak_rss() or 0, s["peak_rss_bytes"])
         self.metrics.add_task(self.rows_in, self.rows_out, s["bytes_spilled"],
                               s["peak_rss_bytes"] - s["baseline_rss_bytes"],
                               self.cfg.budget_bytes, RSS_ALLOWANCE, time.time() - self.started,

@@ -34,7 +34,7 @@ WRITE = textwrap.dedent("""
 """)
 
 JOB = textwrap.dedent("""
-    import json, resource, sys
+    import json, sys
     budget, folder = int(sys.argv[1]), sys.argv[2]
     import arrangedb as adb
     from arrangedb.pager import PROCESS_RSS_ALLOWANCE
@@ -46,7 +46,10 @@ JOB = textwrap.dedent("""
                            aggs={"orders": ("count", None),
                                  "amount": ("sum", "amount")}).read_all()
         s = e.stats()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # from exec on
+    # the kernel's high-water mark of this process's memory since exec (ru_maxrss would
+    # also count the RSS of the parent that spawned it, whose memory it shared until exec)
+    with open("/proc/self/status") as f:
+        peak = next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmHWM:"))
     print(json.dumps({"orders": out.column("orders").to_pylist(), "groups": out.num_rows,
                       "peak": peak, "engine_peak": s["peak_rss_bytes"],
                       "before_code": s["rss_before_engine_code_bytes"],
