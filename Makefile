@@ -26,9 +26,13 @@ test: $(STAMP) java
 	$(BIN)/python -m pytest tests bench -q
 
 # Full-size benchmarks (minutes each; run alone on an otherwise idle machine).
+# Charts and figures land in bench/results/ (the README names it).
 bench: $(STAMP) java
-	ARRANGEDB_BENCH_SCALE=full $(BIN)/python -m pytest bench --benchmark-enable \
-	    --benchmark-columns=min,mean,max,rounds -s -q
+	mkdir -p bench/results
+	ARRANGEDB_BENCH_SCALE=full ARRANGEDB_BENCH_PLOTS=bench/results $(BIN)/python -m pytest \
+	    bench --benchmark-enable --benchmark-columns=min,mean,max,rounds -s -q
+	$(BIN)/python bench/compare.py --scale 1 --json bench/results/join.json \
+	    --plot bench/results/join.png
 
 clean:
 	rm -rf $(VENV) .pytest_cache .benchmarks .hypothesis

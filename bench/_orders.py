@@ -224,20 +224,42 @@ def compare_results(ours: dict, theirs: dict, rel_tol: float = REL_TOL) -> list[
 
 # -- measurement ------------------------------------------------------------------------------
 class RssSampler:
-    """Peak RSS of this process, sampled by a thread every ``interval`` seconds."""
+    """Peak RSS, sampled by a thread every ``interval`` seconds while the block runs: of
+    this process, or with ``tree=True`` of it and all its descendants (a Spark driver, its
+    JVM and the Python workers). ``timeline=True`` also keeps every sample as
+    ``(seconds since the start, bytes)`` for the charts."""
 
-    def __init__(self, interval: float = 0.02):
-        self.interval = interval
+    def __init__(self, interval: float = 0.02, tree: bool = False, timeline: bool = False):
+        self.interval, self.tree = interval, tree
         self.proc = psutil.Process()
         self._stop = threading.Event()
         self.before = self.peak = 0
+        self.samples: list[tuple[float, int]] | None = [] if timeline else None
+
+    def rss(self) -> int:
+        if not self.tree:
+            return self.proc.memory_info().rss
+        total = 0
+        for p in [self.proc] + self.proc.children(recursive=True):
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                pass   # a worker that ended between the listing and the reading
+        return total
+
+    def _record(self) -> None:
+        rss = self.rss()
+        self.peak = max(self.peak, rss)
+        if self.samples is not None:
+            self.samples.append((time.perf_counter() - self._t0, rss))
 
     def _loop(self):
         while not self._stop.wait(self.interval):
-            self.peak = max(self.peak, self.proc.memory_info().rss)
+            self._record()
 
     def __enter__(self):
-        self.before = self.peak = self.proc.memory_info().rss
+        self._t0 = time.perf_counter()
+        self.before = self.peak = self.rss()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
         return self
@@ -245,15 +267,21 @@ class RssSampler:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, self.proc.memory_info().rss)
+        self._record()
 
     @property
     def delta(self) -> int:
         return self.peak - self.before
 
+    def timeline(self, points: int = 400) -> list[tuple[float, int]]:
+        """The samples, thinned to about ``points`` (each kept one the peak of its span)."""
+        s = self.samples or []
+        step = max(1, len(s) // points)
+        return [max(s[i:i + step], key=lambda x: x[1]) for i in range(0, len(s), step)]
+
 
 def _release():
-    from arrangedb.pager.budget import release_freed_memory
+    from arrangedb.pager import release_freed_memory
 
     release_freed_memory()
 
@@ -577,11 +605,16 @@ def run_worker(system: str, case: str, paths: dict, budget: str, threads: int) -
 
 
 def _worker_main(spec: dict) -> dict:
-    if spec["system"] == "arrangedb":
-        return arrangedb_case(spec["case"], spec["paths"], spec["budget"], spec["threads"],
-                              spec["workdir"])
-    return duckdb_case(spec["case"], spec["paths"], duckdb_limit(spec["budget"]),
-                       spec["threads"], spec["workdir"])
+    # the whole run's RSS (setup included) for the charts; 50 ms is enough to draw it
+    with RssSampler(interval=0.05, timeline=True) as run:
+        if spec["system"] == "arrangedb":
+            out = arrangedb_case(spec["case"], spec["paths"], spec["budget"], spec["threads"],
+                                 spec["workdir"])
+        else:
+            out = duckdb_case(spec["case"], spec["paths"], duckdb_limit(spec["budget"]),
+                              spec["threads"], spec["workdir"])
+    out["rss_timeline"] = run.timeline()
+    return out
 
 
 def run_all(scale: float, budgets=tuple(BUDGETS), threads: int = 2, cases=CASES,

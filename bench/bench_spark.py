@@ -18,14 +18,17 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import tempfile
-import threading
 import time
 
-import psutil
 import pytest
 
 from arrangedb.tools import datagen
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _orders  # noqa: E402
 
 pytestmark = pytest.mark.spark
 
@@ -33,31 +36,6 @@ FULL = os.environ.get("ARRANGEDB_BENCH_SCALE") == "full"
 SCALE = 0.5 if FULL else 0.005
 BUDGET = "512MiB"
 RESULTS: dict[str, dict] = {}
-
-
-class TreeRSS:
-    """Peak RSS of this process and all its descendants while the block runs."""
-
-    def __enter__(self):
-        self.peak, self._stop = 0, threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-        return self
-
-    def _run(self):
-        me = psutil.Process()
-        while not self._stop.wait(0.05):
-            total = 0
-            for p in [me] + me.children(recursive=True):
-                try:
-                    total += p.memory_info().rss
-                except psutil.Error:
-                    pass
-            self.peak = max(self.peak, total)
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._t.join()
 
 
 @pytest.fixture(scope="module")
@@ -76,9 +54,24 @@ def env():
                            num_partitions=parts),
                 arrange_df(customers, "customer_id", path=os.path.join(tmp, "customers"),
                            num_partitions=parts))
-    yield spark, orders, customers, arranged, parts
+    expected = _expected(files)
+    yield spark, orders, customers, arranged, parts, expected
     spark.stop()
     _report()
+
+
+def _expected(files: dict) -> list[tuple]:
+    """The query's answer from DuckDB over the same Parquet files: every test checks its
+    system against it, so none depends on another having run first."""
+    import duckdb
+
+    con = duckdb.connect()
+    rows = con.execute(
+        "SELECT c.region, count(*), sum(o.amount) FROM read_parquet(?) o "
+        "JOIN read_parquet(?) c USING (customer_id) GROUP BY c.region",
+        [files["orders"], files["customers"]]).fetchall()
+    con.close()
+    return sorted((r, int(n), float(a)) for r, n, a in rows)
 
 
 def _ours(spark, left, right, parts):
@@ -112,7 +105,7 @@ def _run(benchmark, name, fn):
     out = {}
 
     def once():
-        with TreeRSS() as rss:
+        with _orders.RssSampler(interval=0.05, tree=True) as rss:
             t = time.perf_counter()
             out["result"] = fn()
             out["seconds"] = time.perf_counter() - t
@@ -125,32 +118,33 @@ def _run(benchmark, name, fn):
 
 
 def test_spark_sort_merge_join(benchmark, env):
-    spark, orders, customers, _, parts = env
+    spark, orders, customers, _, parts, expected = env
     spark.conf.set("spark.sql.shuffle.partitions", str(parts))
-    RESULTS["_expected"] = _run(benchmark, "spark sort-merge join",
-                                lambda: _spark(spark, orders, customers, "-1"))
+    got = _run(benchmark, "spark sort-merge join",
+               lambda: _spark(spark, orders, customers, "-1"))
+    assert _same(got, expected)
 
 
 def test_spark_default_plan(benchmark, env):
-    spark, orders, customers, _, _ = env
+    spark, orders, customers, _, _, expected = env
     got = _run(benchmark, "spark default plan",
                lambda: _spark(spark, orders, customers, str(10 << 20)))
-    assert _same(got, RESULTS["_expected"])
+    assert _same(got, expected)
 
 
 def test_arrangedb_cold(benchmark, env):
-    spark, orders, customers, _, parts = env
+    spark, orders, customers, _, parts, expected = env
     got, j = _run(benchmark, "arrangedb cold", lambda: _ours(spark, orders, customers, parts))
-    assert _same(got, RESULTS["_expected"])
+    assert _same(got, expected)
     m = j.arrangedb_metrics.value
     RESULTS["arrangedb cold"]["max_task_peak_rss"] = m["max_task_peak_rss_bytes"]
     assert m["over_budget_tasks"] == 0
 
 
 def test_arrangedb_reused_arrangements(benchmark, env):
-    spark, _, _, (ao, ac), parts = env
+    spark, _, _, (ao, ac), parts, expected = env
     got, _ = _run(benchmark, "arrangedb reused", lambda: _ours(spark, ao, ac, parts))
-    assert _same(got, RESULTS["_expected"])
+    assert _same(got, expected)
 
 
 def test_transfer_floor(benchmark, env):
@@ -161,7 +155,7 @@ def test_transfer_floor(benchmark, env):
 
     from arrangedb.spark_integration import snapshot_join
 
-    spark, orders, customers, _, parts = env
+    spark, orders, customers, _, parts, _ = env
     shuffled = snapshot_join(orders, customers, "customer_id",
                              num_partitions=parts)._arrangedb_join[0]
 
@@ -186,3 +180,12 @@ def _report():
         lines.append(f"{name:<24}{r['seconds']:>9.2f}{r['peak_tree_rss'] / 2**20:>11.0f} MiB"
                      f"{base['seconds'] / r['seconds']:>16.2f}x")
     print("\n".join(lines))
+    folder = os.environ.get("ARRANGEDB_BENCH_PLOTS")
+    if folder:
+        import plots
+
+        os.makedirs(folder, exist_ok=True)
+        plots.spark_chart({k: v for k, v in RESULTS.items() if not k.startswith("_")},
+                          "spark sort-merge join", os.path.join(folder, "spark.png"),
+                          f"orders x customers per region, scale {SCALE:g}, local[2], "
+                          f"{BUDGET} per executor")

@@ -3,6 +3,7 @@ per region -- cold (from Parquet), warm (arrangements / tables built) and increm
 orders updated), under the same memory budget, measured in the same run.
 
     python bench/compare.py [--scale S] [--budget 512MiB] [--budget 128MiB] [--threads 2]
+                            [--json OUT.json] [--plot OUT.png]
 
 ``--scale`` defaults to the smoke scale (0.005), or 1.0 (40M orders x 4M customers) with
 ``ARRANGEDB_BENCH_SCALE=full``. ``--budget`` may be repeated (default: 512MiB and 128MiB);
@@ -42,6 +43,9 @@ def main(argv=None) -> int:
     ap.add_argument("--case", action="append", choices=_orders.CASES, default=None,
                     help="run only these cases (repeatable; default: all)")
     ap.add_argument("--json", default=None, help="also write every figure to this file")
+    ap.add_argument("--plot", default=None, metavar="OUT.png",
+                    help="also draw the times side by side, with the ratios, and each "
+                         "run's RSS over time against its budget (needs matplotlib)")
     args = ap.parse_args(argv)
     budgets = args.budget or list(_orders.BUDGETS)
     cases = args.case or list(_orders.CASES)
@@ -64,10 +68,19 @@ def main(argv=None) -> int:
     bad = [r for r in rows if not r["equal"]]
     for r in bad:
         print(f"MISMATCH {r['budget']} {r['case']} {r['plan']}: {'; '.join(r['problems'])}")
+    raw = {f"{b}/{c}": r for (b, c), r in results.items()}
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"scale": args.scale, "threads": args.threads, "rows": rows,
-                       "raw": {f"{b}/{c}": r for (b, c), r in results.items()}}, f, indent=1)
+                       "raw": raw}, f, indent=1)
+    if args.plot:
+        import plots
+
+        plots.compare_chart(rows, raw, args.plot,
+                            f"orders x customers, count and sum per region; scale "
+                            f"{args.scale:g}, {args.threads} threads; label: DuckDB s / "
+                            f"arrangedb s")
+        print(f"chart: {args.plot}")
     return 1 if bad else 0
 
 
