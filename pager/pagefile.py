@@ -117,8 +117,9 @@ class PageWriter:
     before it is renamed into place (the caller fsyncs the directory)."""
 
     def __init__(self, spill, name_hint: str = "batch", path: str | None = None,
-                 mode: int = 0o600, durable: bool = False):
+                 mode: int = 0o600, durable: bool = False, writeback: bool = False):
         self.spill = spill
+        self._writeback = writeback   # not durable, but start writing it back at finish
         self.path = path or spill.new_path(name_hint)
         self._tmp = self.path + ".tmp"
         self.regions: dict[str, RegionInfo] = {}
@@ -184,6 +185,8 @@ class PageWriter:
             io.write_all(self._fd, header, 0)
             if self._durable:
                 io.fsync(self._fd)
+            elif self._writeback:
+                io.start_writeback(self._fd, 0, 0)   # to the end: a later fsync waits less
             fd, self._fd = self._fd, -1
             io.close(fd)
             io.rename(self._tmp, self.path)
@@ -191,8 +194,9 @@ class PageWriter:
             self.abort()
             raise self._spill_error(e, len(directory)) from e
         self._done = True
+        self.bytes_written = self._written + len(directory)   # holes left out
         if self.spill is not None:
-            self.spill.bytes_written += self._written + len(directory)
+            self.spill.bytes_written += self.bytes_written
         try:
             return PageFile.open(self.path, budget=budget)
         except BaseException:

@@ -42,6 +42,14 @@ from arrangedb.spine.read.lookup import lookup
 from arrangedb.spine.storage.batch import Batch
 from arrangedb.spine.storage.context import StorageContext
 
+DURABLE_RESIDENT_UPDATES = 1 << 16
+"""A trace tied to a checkpoint directory keeps inserts of at most this many updates in
+memory; larger ones it encodes into page files as they arrive -- into the directory
+itself once the trace is its writer -- as Spark's state store writes its changelog
+during a batch: the next checkpoint then fsyncs and names them instead of encoding them
+while it holds the write lock."""
+
+
 class Trace:
     """An arrangement: updates indexed by key, read as snapshots, lookups, changes and
     cursors, written by ``insert``, made durable by ``checkpoint`` (module docstring)."""
@@ -88,7 +96,12 @@ class Trace:
         with self._write_lock:
             self._check_open()
             self._update_frontiers()   # handles dropped without close() let go here
-            runs = self.runs.build(data, time, diff, resident=True)
+            state = self._checkpoint
+            writer = state is not None and state.lock is not None
+            runs = self.runs.build(
+                data, time, diff, resident=True,
+                max_resident=DURABLE_RESIDENT_UPDATES if state is not None else None,
+                new_writer=state.stage_writer if writer else None)
             self.add_runs(runs)
 
     def add_runs(self, runs: list[Batch]) -> None:

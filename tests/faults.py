@@ -161,6 +161,11 @@ class PowerLoss(DiskIO):
             with open(path, "rb") as f:
                 self._synced[path] = f.read()
 
+    def fsync_path(self, path):
+        self._tick("fsync")
+        with open(path, "rb") as f:
+            self._synced[path] = f.read()
+
     def fsync_dir(self, path):
         self._tick("fsync_dir")
         path = os.path.abspath(path)

@@ -24,7 +24,9 @@ from arrangedb.spine.storage.encode import write_part
 
 
 class Builder:
-    def __init__(self, ctx: StorageContext, key_schema: pa.Schema, val_schema: pa.Schema | None):
+    def __init__(self, ctx: StorageContext, key_schema: pa.Schema, val_schema: pa.Schema | None,
+                 new_writer=None):
+        """``new_writer``: makes the page writer (default: a spill file of ``ctx``)."""
         self.ctx = ctx
         self.key_schema = key_schema
         self.val_schema = val_schema
@@ -32,7 +34,10 @@ class Builder:
         self._pending: list[Updates] = []
         self._pending_bytes = 0
         self._reserved = 0
-        self._writer = ctx.new_writer() if ctx.spill is not None else None
+        if new_writer is not None:
+            self._writer = new_writer()
+        else:
+            self._writer = ctx.new_writer() if ctx.spill is not None else None
         self._codec_choices: dict = {}   # column -> codec, chosen on the first part
         self._lower = None
         self._upper = 0

@@ -77,11 +77,14 @@ class RunBuilder:
         return self.val_schema.names if self.val_schema is not None else []
 
     def build(self, data, time: str | None, diff: str | None, merge: bool = True,
-              resident: bool = False) -> list[Batch]:
+              resident: bool = False, max_resident: int | None = None,
+              new_writer=None) -> list[Batch]:
         """Sorted runs within the budget, at most ``ctx.read_fan_in`` of them (merged down
         when there are more, unless ``merge`` is False); the spine is untouched.
-        ``resident``: runs may stay in memory while the engine admits them
-        (:mod:`arrangedb.spine.storage.resident`)."""
+        ``resident``: runs of at most ``max_resident`` updates (any, when None) may stay
+        in memory while the engine admits them (:mod:`arrangedb.spine.storage.resident`).
+        ``new_writer``: makes the page writer of each run written (default: a spill
+        file); merges down still spill."""
         schema, stream = open_batches(data)
         time = roles.resolve_role(schema, time, roles.TIME, self.columns.time)
         diff = roles.resolve_role(schema, diff, roles.WEIGHT, self.columns.diff)
@@ -105,7 +108,7 @@ class RunBuilder:
             """Sort what is buffered into a run; its reservation passes to seal."""
             nonlocal buffered, size, rows, run_bytes, room
             reserved, size, rows = size, 0, 0
-            runs.append(self.seal(buffered, reserved, resident))
+            runs.append(self.seal(buffered, reserved, resident, max_resident, new_writer))
             buffered = []
             run_bytes = self.run_bytes()
             # runs cut to the resident room while they are kept: once one is paged out,
@@ -186,10 +189,11 @@ class RunBuilder:
             return 512 << 20
         return max(self.ctx.part_bytes, min(budget.limit // RUN_SHARE, budget.limit - budget.held))
 
-    def seal(self, buffered: list[Updates], reserved: int, resident: bool = False
-                  ) -> Batch:
+    def seal(self, buffered: list[Updates], reserved: int, resident: bool = False,
+             max_resident: int | None = None, new_writer=None) -> Batch:
         """Sort and write one run; gives back the reservation of its input. A
-        ``resident`` run is kept in memory instead when the engine admits it.
+        ``resident`` run of at most ``max_resident`` updates is kept in memory instead
+        when the engine admits it.
 
         Sorting holds a few copies of the run at once (the concatenated input, codes,
         orders, the sorted copy): they are reserved too (:func:`sort_cost`), so the
@@ -211,12 +215,13 @@ class RunBuilder:
                 # the input's reservation covers its encoding temporaries until done
                 self.ctx.release(temporaries)
             store = self.ctx.resident
-            if resident and store is not None and len(run):
+            if (resident and store is not None and len(run)
+                    and (max_resident is None or len(run) <= max_resident)):
                 starts = key_starts(run.keys)
                 if store.admits(run.nbytes + starts.nbytes):
                     return store.make(run, starts, self.key_schema, self.val_schema,
                                       copy=shared)
-            builder = Builder(self.ctx, self.key_schema, self.val_schema)
+            builder = Builder(self.ctx, self.key_schema, self.val_schema, new_writer)
             try:
                 builder.push(run)
                 return builder.done()

@@ -79,12 +79,25 @@ def _canonical_checksum(manifest: dict) -> int:
     return checksum64(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
 
 
-def encode_manifest(manifest: dict) -> bytes:
+def encode_entry(entry: dict) -> bytes:
+    """One batch's manifest entry as JSON (what :func:`encode_manifest` splices)."""
+    return json.dumps(entry, separators=(",", ":")).encode()
+
+
+def encode_manifest(manifest: dict, batches: list[bytes] | None = None) -> tuple[bytes, int]:
     """Format 3: the manifest's JSON with ``"checksum"`` as its last member, the XXH3-64
-    of every byte before that member (no re-serialization to check it)."""
-    body = json.dumps(manifest, separators=(",", ":")).encode()
-    head = body[:-1]   # all but the closing brace
-    return head + _CHECKSUM_FIELD + str(checksum64(head)).encode() + b"}"
+    of every byte before that member (no re-serialization to check it); and that
+    checksum. ``batches``: the entries already encoded (:func:`encode_entry`), spliced in
+    as the ``"batches"`` member instead of encoding ``manifest["batches"]`` again -- most
+    entries of a version are the previous version's."""
+    if batches is not None:
+        rest = {k: v for k, v in manifest.items() if k != "batches"}
+        head = (json.dumps(rest, separators=(",", ":")).encode()[:-1] + b',"batches":['
+                + b",".join(batches) + b"]")
+    else:
+        head = json.dumps(manifest, separators=(",", ":")).encode()[:-1]   # no closing brace
+    checksum = checksum64(head)
+    return head + _CHECKSUM_FIELD + str(checksum).encode() + b"}", checksum
 
 
 def _checksum_ok(raw: bytes, m: dict) -> bool:

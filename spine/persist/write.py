@@ -25,7 +25,8 @@ from arrangedb.spine.storage.batch import Batch
 from arrangedb.spine.data.description import Description
 from arrangedb.spine.storage.encode import write_part
 from arrangedb.spine.persist.manifest import (CheckpointConflict, FORMAT, FORMAT_VERSION,
-                                              LEGACY_MANIFEST, PAGE_SUFFIX, encode_manifest,
+                                              LEGACY_MANIFEST, PAGE_SUFFIX, encode_entry,
+                                              encode_manifest,
                                               list_versions, manifest_name, read_manifest,
                                               schema_b64, schemas, schemas_of, table_b64)
 
@@ -48,9 +49,10 @@ def _entry(parts, directory_crc: int, d: Description, name: str, size: int) -> d
     }
 
 
-def _write_resident(batch: Batch, target: str, codec: str) -> dict:
+def _write_resident(batch: Batch, target: str, codec: str) -> tuple[dict, int]:
     """Encode a batch held in memory into the page file ``target`` (fsync'd); its manifest
-    entry. The batch itself stays as it is: a reader may be walking it."""
+    entry and the bytes written. The batch itself stays as it is: a reader may be
+    walking it."""
     writer = PageWriter(None, path=target, mode=0o666, durable=True)
     try:
         parts = [write_part(writer, i, p.layout(), codec, (batch.key_schema, batch.val_schema))
@@ -60,8 +62,8 @@ def _write_resident(batch: Batch, target: str, codec: str) -> dict:
         writer.abort()
         raise
     try:
-        return _entry(parts, pagefile.directory_crc, batch.description,
-                      os.path.basename(target), pagefile.size)
+        return (_entry(parts, pagefile.directory_crc, batch.description,
+                       os.path.basename(target), pagefile.size), writer.bytes_written)
     finally:
         pagefile.close()
 
@@ -86,10 +88,26 @@ class CheckpointState:
     files: dict = field(default_factory=dict)      # version -> its files, as far as known
     manifest: tuple | None = None   # (stat identity, checksum) of ``version``'s manifest
     held: list = field(default_factory=list)       # leases on directories left behind
+    entry_json: dict = field(default_factory=dict)  # file -> its entry, encoded
+    staged: int = 0   # page files inserts wrote into ``path`` (:meth:`stage_writer`)
+    token: str = field(default_factory=lambda: secrets.token_hex(4))
 
-    def remember_manifest(self) -> None:
+    def stage_writer(self) -> PageWriter:
+        """A page writer for a run an insert writes while this trace is the directory's
+        writer: straight into the directory (the umask's permissions, write-back started)
+        under a name no manifest uses yet. The next checkpoint fsyncs and names the file
+        where it is instead of copying it; until then retention keeps it (``read_files``)
+        and the batch deletes it when it goes. A killed writer's staged files are
+        collected by the next writer's retention, as any file no version names."""
+        self.staged += 1
+        name = f"batch-{self.token}-i{self.staged:05d}{PAGE_SUFFIX}"
+        self.read_files.add(name)
+        return PageWriter(None, path=os.path.join(self.path, name), mode=0o666,
+                          writeback=True)
+
+    def remember_manifest(self, checksum: int) -> None:
         mpath = os.path.join(self.path, manifest_name(self.version))
-        self.manifest = (identity(mpath), read_manifest(self.path, self.version)["checksum"])
+        self.manifest = (identity(mpath), checksum)
 
     def close(self) -> None:
         for lease in self.held:
@@ -162,7 +180,8 @@ def checkpoint(trace, path, retain: int = 10, release_writer: bool = False) -> i
     if not held:
         lock.acquire()   # DirectoryLocked names the other writer
     try:
-        version, known = _write_version(trace, path, state if same else None, retain)
+        version, known, checksum, texts = _write_version(trace, path,
+                                                          state if same else None, retain)
     except BaseException:
         if not held:
             lock.release()
@@ -178,7 +197,8 @@ def checkpoint(trace, path, retain: int = 10, release_writer: bool = False) -> i
             state.close()
         trace._checkpoint = state = CheckpointState(path, version, lock, files=known,
                                                     held=held)
-    state.remember_manifest()
+    state.entry_json = texts
+    state.remember_manifest(checksum)
     if release_writer:
         state.lock.release()
         state.lock = None
@@ -186,8 +206,9 @@ def checkpoint(trace, path, retain: int = 10, release_writer: bool = False) -> i
 
 
 def _write_version(trace, path: str, state: CheckpointState | None, retain: int
-                   ) -> tuple[int, dict]:
-    """Write the next version; returns it and the files of each retained version known."""
+                   ) -> tuple[int, dict, int, dict]:
+    """Write the next version; returns it, the files of each retained version known, its
+    manifest's checksum and its entries encoded (per file)."""
     versions = list_versions(path)
     base = state.version if state is not None else 0
     latest = versions[-1] if versions else 0
@@ -218,16 +239,27 @@ def _write_version(trace, path: str, state: CheckpointState | None, retain: int
             if batch.checkpointed is not None and batch.checkpointed[0] == path:
                 entries += batch.checkpointed[1]
                 continue
+            pf = batch.pagefile
+            if pf is not None and os.path.dirname(pf.path) == path:
+                # staged by an insert (CheckpointState.stage_writer): durable where it is
+                io.fsync_path(pf.path)
+                entry = _entry(batch.parts, pf.directory_crc, batch.description,
+                               os.path.basename(pf.path), pf.size)
+                entry["written"] = pf.data_bytes
+                new_bytes += pf.data_bytes
+                entries.append(entry)
+                marks.append((batch, entry))
+                continue
             name = f"batch-{token}-{i:05d}{PAGE_SUFFIX}"
             target = os.path.join(path, name)
             written.append(target)
             if batch.pagefile is not None:   # its spill file, copied in the kernel
                 size = io.copy_file(batch.pagefile.path, target)
                 entry = _entry(batch.parts, batch.pagefile.directory_crc,
-                               batch.description, name, size)
+                               batch.description, name, batch.pagefile.size)
             else:   # held in memory (a resident insert): encoded into the directory
-                entry = _write_resident(batch, target, trace.ctx.codec)
-                size = entry["size"]
+                entry, size = _write_resident(batch, target, trace.ctx.codec)
+            entry["written"] = size
             new_bytes += size
             entries.append(entry)
             marks.append((batch, entry))
@@ -241,13 +273,16 @@ def _write_version(trace, path: str, state: CheckpointState | None, retain: int
             "val_schema": schema_b64(trace.val_schema),
             "columns": {"key": c.key, "vals": c.vals, "time": c.time, "diff": c.diff},
             "since": trace.since, "updates": updates_in(entries),
-            "bytes": sum(e["size"] for e in entries), "new_bytes": new_bytes,
+            "bytes": sum(e.get("written", e["size"]) for e in entries), "new_bytes": new_bytes,
             "batches": entries,
         }
         final = os.path.join(path, manifest_name(version))
         tmp = f"{final}.{token}.tmp"
         written.append(tmp)
-        io.write_file(tmp, encode_manifest(manifest))
+        cached = state.entry_json if state is not None else {}
+        texts = {e["file"]: cached.get(e["file"]) or encode_entry(e) for e in entries}
+        data, checksum = encode_manifest(manifest, [texts[e["file"]] for e in entries])
+        io.write_file(tmp, data)
         io.rename(tmp, final)
         written[-1] = final   # not durable until the directory is: a failure takes it back
         io.fsync_dir(path)
@@ -257,6 +292,8 @@ def _write_version(trace, path: str, state: CheckpointState | None, retain: int
         raise
     for batch, entry in marks:
         batch.checkpointed = (path, [entry])
+        if batch.pagefile is not None and os.path.dirname(batch.pagefile.path) == path:
+            batch.keep_file()   # a staged file, named by a manifest now
     files = {e["file"] for e in entries}
     if state is not None:
         state.files[version] = files
@@ -265,7 +302,7 @@ def _write_version(trace, path: str, state: CheckpointState | None, retain: int
         _retain(path, version, retain, state, known)
     except OSError:
         pass   # the version is durable; what retention left, the next checkpoint collects
-    return version, known
+    return version, known, checksum, texts
 
 
 def _remove_temporaries(path: str) -> None:
@@ -282,9 +319,11 @@ def _retain(path: str, newest: int, retain: int, state: CheckpointState | None,
     lease, so a file is never collected under a reader that found it named."""
     io = disk()
     versions = list_versions(path)
+    removed = False
     for v in versions:
         if v <= newest - retain:
             io.unlink_quietly(os.path.join(path, manifest_name(v)))
+            removed = True
     kept = [v for v in versions if v > newest - retain]
     needed = set(leased(path))
     if state is not None:
@@ -301,7 +340,9 @@ def _retain(path: str, newest: int, retain: int, state: CheckpointState | None,
     for name in os.listdir(path):
         if name.endswith(PAGE_SUFFIX) and name not in needed:
             io.unlink_quietly(os.path.join(path, name))
-    io.fsync_dir(path)
+            removed = True
+    if removed:
+        io.fsync_dir(path)
 
 
 # -- reading a version ------------------------------------------------------------------------

@@ -39,6 +39,12 @@ class Batch:
         self.pagefile = pagefile
         self._finalizer = weakref.finalize(self, pagefile.delete if owned else pagefile.close)
 
+    def keep_file(self) -> None:
+        """The page file now belongs to a checkpoint directory (a manifest names it): once
+        the batch goes, it is only unmapped; retention decides when it is deleted."""
+        if self._finalizer is not None and self._finalizer.detach() is not None:
+            self._finalizer = weakref.finalize(self, self.pagefile.close)
+
     def attach(self, parts: list[Part], pagefile) -> None:
         """Move a resident batch's parts into ``pagefile``: the same rows, part for part
         (a reader walking the batch by part index reads either kind alike)."""

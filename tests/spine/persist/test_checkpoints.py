@@ -53,6 +53,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
                                  rule, run_state_machine_as_test)
 
 import arrangedb
+import arrangedb.spine.trace as trace_module
 from conftest import DATA_DIR, fill_disk
 from arrangedb.pager.diskio import using
 from faults import PowerLoss, injected
@@ -599,40 +600,56 @@ def test_a_writer_killed_at_any_instant_leaves_a_whole_version(tmp_path):
 # -- 3. power loss ---------------------------------------------------------------------
 
 class _PowerScene:
-    """A trace with version 1 in ``path`` and updates since (several new batches)."""
+    """A trace with version 1 in ``path``, and deltas that :meth:`run` inserts before it
+    checkpoints version 2 (several new batches). ``staged``: the inserts are written into
+    the directory as they arrive (a writer's large inserts), so that the power may also
+    go while an insert writes."""
 
-    def __init__(self, spill, path, seed=3):
+    def __init__(self, spill, path, seed=3, staged=False):
         rng = np.random.default_rng(seed)
         self.engine = arrangedb.Engine(spill_dir=spill, memory_budget="64MiB")
+        self.staged = staged
         ctx = self.engine.ctx
         ctx.part_bytes, ctx.window_rows = 16 << 10, 512
         base = _int_table(rng.integers(0, 5000, 3000))
         self.trace = self.engine.arrange(base, key=["k"], vals=["v"], diff="d")
         self.v1 = _model_of(base)
         assert self.trace.checkpoint(path, retain=1) == 1
-        model = self.v1
+        model, self.deltas = self.v1, []
         for _ in range(3):
             present = list(model)
             gone = [present[i] for i in rng.choice(len(present), 300, replace=False)]
             delta = pa.concat_tables([
                 _int_table(rng.integers(0, 6000, 800)),
                 _int_table([k for k, _ in gone], [v for _, v in gone], d=-1)])
-            self.trace.insert(delta, diff="d")
+            self.deltas.append(delta)
             model = _model_of(delta, model)
         self.v2 = model
+
+    def run(self, monkeypatch) -> int:
+        with monkeypatch.context() as m:
+            if self.staged:
+                m.setattr(trace_module, "DURABLE_RESIDENT_UPDATES", 0)
+            for delta in self.deltas:
+                self.trace.insert(delta, diff="d")
+        return self.trace.checkpoint(retain=1)
 
     def close(self):
         self.engine.close()
 
 
-def test_a_checkpoint_cut_by_power_loss_leaves_version_1_or_2(tmp_path):
+@pytest.mark.parametrize("staged", [False, True], ids=["resident_inserts", "staged_inserts"])
+def test_a_checkpoint_cut_by_power_loss_leaves_version_1_or_2(tmp_path, staged, monkeypatch):
     spill = tmp_path / "spill"
     spill.mkdir()
-    s = _PowerScene(spill, tmp_path / "count")
+    s = _PowerScene(spill, tmp_path / "count", staged=staged)
     try:
         counter = PowerLoss()
         with using(counter):
-            assert s.trace.checkpoint(retain=1) == 2
+            assert s.run(monkeypatch) == 2
+        if staged:   # the inserts' files were named, not copied
+            named = _named(tmp_path / "count", 2)
+            assert any(re.search(r"-i\d+\.page$", f) for f in named), named
     finally:
         s.close()
     assert counter.ops > 15, counter.ops
@@ -642,11 +659,11 @@ def test_a_checkpoint_cut_by_power_loss_leaves_version_1_or_2(tmp_path):
     seen = Counter()
     for k in cuts:
         path = tmp_path / f"cut{k}"
-        s = _PowerScene(spill, path)
+        s = _PowerScene(spill, path, staged=staged)
         disk = PowerLoss(cut_at=k)
         try:
             with using(disk):
-                s.trace.checkpoint(retain=1)
+                s.run(monkeypatch)
         except OSError as cut:
             assert injected(cut), f"power lost at operation {k}: {cut!r}"
         finally:
@@ -910,7 +927,10 @@ def _enospc(err) -> bool:
 
 
 @pytest.mark.parametrize("room", [0, 1 << 20], ids=["no_room", "room_for_some_pages"])
-def test_a_checkpoint_on_a_full_disk(small_disk, tmp_path, room):
+def test_a_checkpoint_on_a_full_disk(small_disk, tmp_path, room, monkeypatch):
+    # the delta stays in memory, so that the checkpoint has pages to write (a larger
+    # insert is staged in the directory as it arrives: see the next test)
+    monkeypatch.setattr(trace_module, "DURABLE_RESIDENT_UPDATES", 1 << 30)
     disk = small_disk("16m")
     ck = disk / "ck"
     spill = tmp_path / "spill"
@@ -1016,6 +1036,114 @@ def test_checkpoint_arguments_and_save(tmp_path):
         with pytest.raises(FileNotFoundError):
             engine.load(tmp_path / "nothing-here")
         assert arrangedb.versions(tmp_path / "nothing-here") == []
+
+
+def test_an_insert_staged_on_a_full_disk_fails_clearly_and_loses_nothing(small_disk, tmp_path):
+    disk = small_disk("16m")
+    ck = disk / "ck"
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    keys = np.random.default_rng(5).permutation(1 << 20)
+    with arrangedb.Engine(spill_dir=spill, memory_budget="64MiB") as engine:
+        trace = engine.arrange(_int_table(keys[:30_000]), key=["k"], vals=["v"], diff="d")
+        assert trace.checkpoint(ck) == 1
+        m1, files1 = _snap(trace), set(os.listdir(ck))
+        ballast = disk / "ballast"
+        fill_disk(ballast, leave=0)
+        with pytest.raises(arrangedb.SpillError) as failed:
+            trace.insert(_int_table(keys[30_000:600_000]), diff="d")
+        assert "full" in str(failed.value) and str(ck) in str(failed.value), failed.value
+        assert set(os.listdir(ck)) == files1, "the failed insert left files behind"
+        assert _snap(trace) == m1
+        os.remove(ballast)
+        delta = _int_table(keys[30_000:100_000])
+        trace.insert(delta, diff="d")
+        assert trace.checkpoint() == 2
+        with arrangedb.Engine(spill_dir=spill, memory_budget="64MiB") as other:
+            assert _snap(other.load(ck)) == _model_of(delta, m1)
+
+
+# -- 6b. inserts staged in the writer's directory -----------------------------------------
+
+def test_a_writers_large_insert_is_staged_in_its_directory_and_named_by_the_next_checkpoint(
+        tmp_path):
+    ck, spill = tmp_path / "ck", tmp_path / "spill"
+    spill.mkdir()
+    n = trace_module.DURABLE_RESIDENT_UPDATES
+    keys = np.random.default_rng(8).permutation(10 * n)
+    with arrangedb.Engine(spill_dir=spill, memory_budget="64MiB") as engine:
+        trace = engine.arrange(_int_table(keys[:n]), key=["k"], vals=["v"], diff="d")
+        assert trace.checkpoint(ck) == 1
+        model, files1 = _snap(trace), _page_files(ck)
+        # a small insert stays in memory; a large one is a page file in the directory,
+        # which no version names yet
+        small = _int_table(keys[n:n + 100])
+        trace.insert(small, diff="d")
+        assert _page_files(ck) == files1
+        large = _int_table(keys[2 * n:4 * n])
+        trace.insert(large, diff="d")
+        staged = _page_files(ck) - files1
+        assert len(staged) == 1, staged
+        staged = staged.pop()
+        assert re.search(r"-i\d+\.page$", staged), staged
+        inode = os.stat(ck / staged).st_ino
+        assert _version_numbers(ck) == [1]
+        model = _model_of(large, _model_of(small, model))
+        assert trace.checkpoint() == 2
+        # named where it is, not copied; its bytes count as this version's new bytes
+        assert staged in _named(ck, 2) and os.stat(ck / staged).st_ino == inode
+        entry = next(b for b in _manifest(ck, 2)["batches"] if b["file"] == staged)
+        assert 0 < entry["written"] <= arrangedb.versions(ck)[-1]["new_bytes"]
+        with arrangedb.Engine(spill_dir=spill, memory_budget="64MiB") as other:
+            assert _snap(other.load(ck)) == model
+        # a staged file merged away before any checkpoint named it is deleted
+        again = _int_table(keys[4 * n:6 * n])
+        trace.insert(again, diff="d")
+        unnamed = _page_files(ck) - _named_by_retained(ck)
+        assert len(unnamed) == 1, unnamed
+        trace.merge_all()
+        import gc
+        gc.collect()
+        assert not (_page_files(ck) - _named_by_retained(ck)), "a staged file outlived its batch"
+        model = _model_of(again, model)
+        assert _snap(trace) == model
+        assert trace.checkpoint() == 3
+        # files named by a version stay after the merge replaced their batches
+        assert _page_files(ck) >= _named(ck, 3)
+    with arrangedb.Engine(spill_dir=spill, memory_budget="64MiB") as engine:
+        assert _snap(engine.load(ck)) == model
+        assert _snap(engine.load(ck, version=2)) == _model_of(large, _model_of(
+            small, _as_dict(engine.load(ck, version=1).snapshot().read_all())))
+
+
+_STAGE_AND_DIE = textwrap.dedent("""
+    import os, signal, sys
+    import numpy as np, pyarrow as pa
+    import arrangedb
+    ck, spill = sys.argv[1:3]
+    k = np.arange(200_000, dtype=np.int64)
+    t = pa.table({"k": k, "v": k, "d": np.ones(len(k), np.int64)})
+    engine = arrangedb.Engine(spill_dir=spill, memory_budget="64MiB")
+    trace = engine.arrange(t.slice(0, 1000), key=["k"], vals=["v"], diff="d")
+    trace.checkpoint(ck)
+    trace.insert(t.slice(1000), diff="d")
+    os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+def test_the_files_a_killed_writer_staged_are_collected_by_the_next_writer(tmp_path):
+    ck, spill = tmp_path / "ck", tmp_path / "spill"
+    spill.mkdir()
+    r = subprocess.run([sys.executable, "-c", _STAGE_AND_DIE, str(ck), str(spill)],
+                       capture_output=True, text=True)
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    assert _page_files(ck) - _named(ck, 1), "the child staged nothing"
+    with arrangedb.Engine(spill_dir=spill, memory_budget="64MiB") as engine:
+        trace = engine.load(ck)
+        assert len(_snap(trace)) == 1000
+        trace.insert(_int_table([10**7]), diff="d")
+        assert trace.checkpoint() == 2
+        assert _page_files(ck) == _named_by_retained(ck)
 
 
 # -- 7. the writer role, forks, schemas --------------------------------------------------

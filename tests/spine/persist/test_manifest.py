@@ -23,7 +23,7 @@ def _manifest(version: int, **extra) -> dict:
 def _write(path, version: int, manifest: dict) -> str:
     p = os.path.join(path, manifest_name(version))
     with open(p, "wb") as f:
-        f.write(encode_manifest(manifest))
+        f.write(encode_manifest(manifest)[0])
     return p
 
 
