@@ -33,6 +33,8 @@ bench: $(STAMP) java
 	    bench --benchmark-enable --benchmark-columns=min,mean,max,rounds -s -q
 	$(BIN)/python bench/compare.py --scale 1 --json bench/results/join.json \
 	    --plot bench/results/join.png
+	ARRANGEDB_CRASH_SCALE=300 $(BIN)/python -m pytest -q -s \
+	    tests/spine/persist/test_checkpoints.py -k killed_at_any_instant
 
 clean:
 	rm -rf $(VENV) .pytest_cache .benchmarks .hypothesis

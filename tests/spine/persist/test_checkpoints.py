@@ -381,10 +381,15 @@ def test_a_checkpoint_loads_in_a_fresh_process(tmp_path):
 # Shared by the parent and the child: version v's content is determined by v alone.
 # Version 1 is the base; version v >= 2 inserts adds(v) and retracts retracts(v) (rows of
 # version v - 1), so every row has count 1 and content(v) is a set of keys.
+# ARRANGEDB_CRASH_SCALE multiplies the sizes: `make bench` runs the test at 300 (2.4M base
+# rows, 600k added and 570k retracted per version, all staged in the directory: ~40
+# versions, a few hundred MB written in all, in about three minutes).
 _CRASH_DATA = textwrap.dedent("""
+    import os
     import numpy as np
     import pyarrow as pa
-    BASE, ADD, RET = 8000, 2000, 1900
+    SCALE = int(os.environ.get("ARRANGEDB_CRASH_SCALE", "1"))
+    BASE, ADD, RET = 8000 * SCALE, 2000 * SCALE, 1900 * SCALE
 
     def val(keys):
         return keys * 2654435761 % 1000003
@@ -393,7 +398,7 @@ _CRASH_DATA = textwrap.dedent("""
         return np.random.default_rng(0).permutation(np.arange(BASE, dtype=np.int64) * 7 + 3)
 
     def adds(v):
-        return v * 1_000_000 + np.random.default_rng(v).permutation(ADD).astype(np.int64)
+        return v * 1_000_000_000 + np.random.default_rng(v).permutation(ADD).astype(np.int64)
 
     def retracts(v):
         return base_keys()[:RET] if v == 2 else adds(v - 1)[:RET]
@@ -409,7 +414,10 @@ _CRASH_DATA = textwrap.dedent("""
 _CRASH_CHILD = _CRASH_DATA + textwrap.dedent("""
     import os, sys, time
     import arrangedb
+    import arrangedb.spine.trace
     ck, spill, log, ready, go = sys.argv[1:]
+    if SCALE == 1:   # retractions (1900 updates) are staged in the directory, adds not
+        arrangedb.spine.trace.DURABLE_RESIDENT_UPDATES = 1000
     with arrangedb.Engine(spill_dir=spill, memory_budget="16MiB") as engine:
         open(ready, "w").close()
         while not os.path.exists(go):
@@ -542,6 +550,7 @@ def test_a_writer_killed_at_any_instant_leaves_a_whole_version(tmp_path):
         return v
 
     procs, warm, lives, at = [], deque(), 50, 0
+    stretch = data.ns["SCALE"] ** 0.5   # a version takes longer to write at scale
 
     try:
         while kills < lives:
@@ -550,20 +559,20 @@ def test_a_writer_killed_at_any_instant_leaves_a_whole_version(tmp_path):
                 warm.append(procs[-1])
             child, ready, go, err = warm.popleft()
             loaded = len(_log_lines(log, "loaded "))
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + 60 * stretch
             while not ready.exists():
                 assert child.poll() is None, open(err).read()[-3000:]
                 assert time.monotonic() < deadline, "the writer did not start"
                 time.sleep(0.002)
             go.touch()
             if rng.random() < 0.15:   # at any instant from the start: maybe in the load
-                time.sleep(rng.uniform(0, 0.15))
+                time.sleep(rng.uniform(0, 0.15 * stretch))
             else:                     # in the checkpoint loop
                 while len(_log_lines(log, "loaded ")) < loaded + 1:
                     assert child.poll() is None, f"the writer died: {open(err).read()[-3000:]}"
                     assert time.monotonic() < deadline, "the writer did not load"
                     time.sleep(0.002)
-                time.sleep(rng.uniform(0, 0.3))
+                time.sleep(rng.uniform(0, 0.3 * stretch))
             assert child.poll() is None, f"the writer died: {open(err).read()[-3000:]}"
             os.kill(child.pid, signal.SIGKILL)
             child.wait()
@@ -580,7 +589,8 @@ def test_a_writer_killed_at_any_instant_leaves_a_whole_version(tmp_path):
     elapsed = time.monotonic() - started
     # the directory takes the next version from a clean writer, which collects leftovers
     v = check_directory("at the end")
-    assert v >= 10, f"only {v} versions in {kills} lives: the kills came too early"
+    assert v >= (10 if stretch == 1 else 3), \
+        f"only {v} versions in {kills} lives: the kills came too early"
     with arrangedb.Engine(spill_dir=spill, memory_budget="64MiB") as e:
         trace = e.load(ck)
         for chunk in np.array_split(data.adds(v + 1), 3):
