@@ -68,6 +68,7 @@ _EXPORTS = {
     "top_k": "arrangedb.ops",
     "threshold": "arrangedb.ops",
     "group_by": "arrangedb.ops",
+    "Plan": "arrangedb.ops",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -76,6 +76,14 @@ def _pushdown_side(left, right, by: list[str], aggs: dict, how: str) -> int | No
     return side if side not in by_sides else None
 
 
+def pushdown_side(left, right, by: list[str], aggs: dict, how: str) -> int | None:
+    """The side :func:`join_group_by` sums per key below the join for this shape (0
+    left, 1 right), or None when it runs the join instead (the module's notes)."""
+    if "count" in by or any(c == "count" for _, c in aggs.values()):
+        return None   # the join's own count column is grouped or aggregated
+    return _pushdown_side(left, right, by, aggs, how)
+
+
 def _updates(trace) -> int:
     return sum(len(b) for b in trace.batches())
 
@@ -348,8 +356,7 @@ def join_group_by(left, right, by, aggs: dict, at: int | None = None, how: str =
             raise KeyError(f"join_group_by: no column {b!r} in the join's output "
                            f"(columns: {schema.names})")
     aggs = check_aggs(aggs, schema, "the join's output")
-    on_count = "count" in by or any(c == "count" for _, c in aggs.values())
-    side = None if on_count else _pushdown_side(left, right, by, aggs, how)
+    side = pushdown_side(left, right, by, aggs, how)
     if side is None:
         return group_by(join(left, right, at=at, how=how, batch_rows=batch_rows), by, aggs,
                         weight="count", engine=engine, batch_rows=batch_rows)

@@ -58,6 +58,12 @@ def open_batches(data, columns: list[str] | None = None
         return data.schema, iter([data])
     if isinstance(data, pa.RecordBatchReader):
         return data.schema, iter(data)
+    if hasattr(data, "to_reader") and hasattr(data, "explain"):   # an operator's plan
+        reader = data.to_reader()
+        return reader.schema, iter(reader)
+    if hasattr(data, "__arrow_c_stream__"):   # any Arrow stream: DuckDB, Polars...
+        reader = pa.RecordBatchReader.from_stream(data)
+        return reader.schema, iter(reader)
     if isinstance(data, (str, os.PathLike)):
         path = os.fspath(data)
         if not os.path.exists(path):
