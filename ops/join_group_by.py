@@ -39,7 +39,8 @@ from arrangedb.ops.partials import (Partials, bincount_groups, partial_names, pl
                                     unified)
 from arrangedb.ops.join import (HOWS, check_traces, dictionary_readable, join, match_keys,
                                 output_schema, prefixed_names)
-from arrangedb.spine import Block, count_through, is_constant, part_blocks, ranges, roles
+from arrangedb.spine import (Block, batch_part_blocks, count_through, is_constant,
+                              part_blocks, ranges, roles)
 
 LINEAR = ("count", "sum", "mean")
 
@@ -174,13 +175,26 @@ def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: Partials,
            key_partials: _KeyPartials, b_side: int) -> Iterator[pa.RecordBatch]:
     """Walk B's blocks in key order; against each, the per-key partials of A's keys up
     to its last key, gathered across A's parts (a B block of a dimension spans many of a
-    fact side's parts: one match and one grouping per block, not per A part)."""
+    fact side's parts: one match and one grouping per block, not per A part).
+
+    When no batch of A retracts anything (the runs an ``arrange`` or inserts of new rows
+    leave), A's batches are read side by side, each straight off its stored layout, and
+    never merged: the partials are linear in the counts, so a key found in several
+    batches adds up in the grouping, and reading the unmerged trace costs what reading
+    a merged one does. Retractions must meet what they retract before a row is known to
+    be gone (its valid values decide whether a sum is null), so then A is read merged."""
     by_b = [where[b][1] for b in by if where[b][0] == b_side]
     # read as codes where it can be: a block's codes group by bincount
     dictionary = frozenset(c for c in by_b
                            if dictionary_readable(b_trace.val_schema.field(c).type))
-    a_blocks = part_blocks(a_trace, at, sums=key_partials.sums, columns=key_partials.columns)
-    a_parts = ((ab.keys, key_partials(ab)) for ab in a_blocks if ab.num_keys)
+    if all(b.nonnegative() for b in a_trace.batches()):
+        a_gens = batch_part_blocks(a_trace, at, sums=key_partials.sums,
+                                   columns=key_partials.columns)
+    else:
+        a_gens = [part_blocks(a_trace, at, sums=key_partials.sums,
+                              columns=key_partials.columns)]
+    a_streams = [((ab.keys, key_partials(ab)) for ab in gen if ab.num_keys)
+                 for gen in a_gens]
     b_blocks = part_blocks(b_trace, at, dictionary, columns=frozenset(by_b))
 
     def emit(got: list, bb: Block) -> Iterator[pa.RecordBatch]:
@@ -192,37 +206,41 @@ def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: Partials,
             groups, cols = _pairs(keys, bb, li, ri, by, where, b_side, sums)
             yield partials.as_partials(_grouped(groups, cols, by, partials))
 
-    carry, a_done = None, False   # carry: the rest of an A part reaching past a B block
+    # per A batch: the rest of a part reaching past a B block, and whether it is done
+    carry, done = [None] * len(a_streams), [False] * len(a_streams)
     try:
         for bb in b_blocks:
             if bb.num_keys == 0:
                 continue
             b_last = bb.keys.slice(bb.num_keys - 1, 1)
-            got, gathered = [], 0
-            while not a_done:
-                if carry is None:
-                    carry = next(a_parts, None)
-                    if carry is None:
-                        a_done = True
-                        break
-                keys, sums = carry
-                n = count_through(keys, b_last)
-                if n:
-                    got.append(carry if n == keys.num_rows else _cut(carry, 0, n))
-                    gathered += n
-                carry = None if n == keys.num_rows else _cut(carry, n, keys.num_rows)
-                if gathered >= GATHER_KEYS:
+            for i, a_parts in enumerate(a_streams):
+                got, gathered = [], 0
+                while not done[i]:
+                    if carry[i] is None:
+                        carry[i] = next(a_parts, None)
+                        if carry[i] is None:
+                            done[i] = True
+                            break
+                    keys, sums = carry[i]
+                    n = count_through(keys, b_last)
+                    if n:
+                        got.append(carry[i] if n == keys.num_rows else _cut(carry[i], 0, n))
+                        gathered += n
+                    carry[i] = None if n == keys.num_rows else _cut(carry[i], n,
+                                                                    keys.num_rows)
+                    if gathered >= GATHER_KEYS:
+                        yield from emit(got, bb)
+                        got, gathered = [], 0
+                    if carry[i] is not None:
+                        break   # this batch's next keys lie beyond the block
+                if got:   # one batch's keys: sorted and distinct, as a match needs
                     yield from emit(got, bb)
-                    got, gathered = [], 0
-                if carry is not None:
-                    break   # A's next keys lie beyond this block
-            if got:
-                yield from emit(got, bb)
-            if a_done and carry is None:
+            if all(done):
                 break   # an inner join: B's remaining keys meet nothing
     finally:
         b_blocks.close()
-        a_blocks.close()
+        for gen in a_gens:
+            gen.close()
 
 
 def _cut(item: tuple, lo: int, hi: int) -> tuple:

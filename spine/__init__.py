@@ -16,13 +16,14 @@ from arrangedb.spine.data.kernels import consolidate, count_through
 from arrangedb.spine.data.layout import ranges
 from arrangedb.spine.data.codes import codes
 from arrangedb.spine.data.updates import Updates, is_constant
-from arrangedb.spine.read.cursor import Block, blocks, co_blocks, part_blocks
+from arrangedb.spine.read.cursor import (Block, batch_part_blocks, blocks, co_blocks,
+                                         part_blocks)
 from arrangedb.spine.storage.dictionaries import dictionary_schema
 from arrangedb.spine.trace import Trace, TraceHandle
 from arrangedb.spine.engine import Engine, engine_for
 
 __all__ = [
     "Block", "Columns", "Engine", "SchemaError", "Trace", "TraceHandle", "Updates",
-    "blocks", "co_blocks", "codes", "consolidate", "count_through", "dictionary_schema",
-    "engine_for", "is_constant", "open_batches", "part_blocks", "ranges", "roles",
+    "batch_part_blocks", "blocks", "co_blocks", "codes", "consolidate", "count_through",
+    "dictionary_schema", "engine_for", "is_constant", "open_batches", "part_blocks", "ranges", "roles",
 ]

@@ -214,14 +214,33 @@ def part_blocks(trace, at: int | None = None, dictionary: frozenset = frozenset(
     needs (None: all); blocks may hold more.
     """
     trace.check_read_time(at)
-    batches = [b for b in trace.batches()
-               if len(b) and _may_matter(b, at, None, trace.since)]
+    batches = _visible(trace, at)
     if len(batches) != 1:
         for (b,) in co_blocks([trace], at, dictionary=[dictionary]):
             yield b
         return
-    ctx = trace.ctx
-    for part in batches[0].parts:
+    yield from _batch_blocks(trace.ctx, batches[0], at, dictionary, sums, columns)
+
+
+def batch_part_blocks(trace, at: int | None = None, dictionary: frozenset = frozenset(),
+                      sums: frozenset = frozenset(), columns: frozenset | None = None
+                      ) -> list[Iterator[Block]]:
+    """One stream of blocks per batch visible at ``at``, each as :func:`part_blocks`
+    reads one batch: per part, in key order, straight off the stored layout, and never
+    consolidated across batches -- a key may appear in several streams, and a count
+    may be negative (a later batch's retraction). For readers that are linear in the
+    counts (sums per key): they add the streams up instead of paying a k-way merge."""
+    trace.check_read_time(at)
+    return [_batch_blocks(trace.ctx, b, at, dictionary, sums, columns)
+            for b in _visible(trace, at)]
+
+
+def _visible(trace, at) -> list:
+    return [b for b in trace.batches() if len(b) and _may_matter(b, at, None, trace.since)]
+
+
+def _batch_blocks(ctx, batch, at, dictionary, sums, columns) -> Iterator[Block]:
+    for part in batch.parts:
         if part.num_updates == 0:
             continue
         layout, key_sums = part.summed_layout(dictionary, sums, columns)

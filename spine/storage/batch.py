@@ -28,6 +28,7 @@ class Batch:
         self.pagefile = None
         self._finalizer = None
         self._on_drop = None
+        self._nonnegative = None
         # (directory, manifest entries) of the checkpoint files holding these updates
         self.checkpointed: tuple[str, list[dict]] | None = None
         if pagefile is not None:
@@ -38,6 +39,13 @@ class Batch:
         # trace's files belong to their directory and are only unmapped
         self.pagefile = pagefile
         self._finalizer = weakref.finalize(self, pagefile.delete if owned else pagefile.close)
+
+    def nonnegative(self) -> bool:
+        """Whether no update of the batch has a negative diff (it retracts nothing);
+        found once, from the parts' stored diffs (one value per part, mostly)."""
+        if self._nonnegative is None:
+            self._nonnegative = all(p.min_diff() >= 0 for p in self.parts)
+        return self._nonnegative
 
     def keep_file(self) -> None:
         """The page file now belongs to a checkpoint directory (a manifest names it): once

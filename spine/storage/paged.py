@@ -156,6 +156,13 @@ class PagedPart(Part):
             self.release()  # the bytes were copied out (or failed to): let the pages go
         return self._assemble(cols, dictionary=dictionary, val_names=names), key_sums
 
+    def min_diff(self) -> int:
+        try:
+            diffs = self._decode(("diffs",), None)["diffs"]
+        finally:
+            self.release()
+        return int(diffs.min()) if len(diffs) else 1
+
     def _key_sums(self, sums: frozenset, key_bounds: np.ndarray) -> dict[str, np.ndarray]:
         """Per-key sums of the ``sums`` columns whose encoding can sum its runs."""
         starts = key_bounds[:-1].astype(np.int64)

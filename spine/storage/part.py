@@ -141,6 +141,11 @@ class Part:
         other val columns the reader needs (None: all); the layout may hold more."""
         return self.stored_layout(dictionary), {}
 
+    def min_diff(self) -> int:
+        """The smallest diff stored in the part (1 when it holds none)."""
+        diffs = self.layout().diffs
+        return int(diffs.min()) if len(diffs) else 1
+
     def _coded_layout(self, dictionary: frozenset) -> PartLayout:
         layout = self.layout()
         if not dictionary:

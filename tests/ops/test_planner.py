@@ -248,3 +248,36 @@ def test_bad_arguments_fail_where_the_plan_is_written():
             adb.group_by(adb.join(F, F), by="nope", aggs={"n": ("count", None)})
         with pytest.raises(ValueError, match="how"):
             adb.join(F, F, how="outer")
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**32 - 1), amount=st.sampled_from(AMOUNTS),
+       retract=st.booleans(), pieces=st.integers(2, 5))
+def test_eager_aggregation_over_an_unmerged_trace_equals_the_plan_as_written(
+        seed, amount, retract, pieces):
+    """The runs of several inserts, read side by side without a merge (or merged, when a
+    batch retracts): the same answer as the written plan and DuckDB."""
+    fact, dim = _tables(seed, 4000, 300, amount, skew=True)
+    rng = np.random.default_rng(seed)
+    cuts = np.sort(rng.choice(np.arange(1, fact.num_rows), pieces - 1, replace=False))
+    chunks = [fact.slice(a, b - a) for a, b in zip([0, *cuts], [*cuts, fact.num_rows])]
+    aggs = {"n": ("count", None), "s": ("sum", "amount"), "m": ("mean", "amount")}
+    with adb.Engine(memory_budget="64MiB") as engine:
+        F = engine.arrange(chunks[0], key=["k"], vals=["amount", "cat"], name="fact")
+        for c in chunks[1:]:
+            F.insert(c)
+        D = engine.arrange(dim, key=["k"], vals=["region", "seg"], name="dim")
+        kept = fact
+        if retract:
+            gone = chunks[0].slice(0, 50)
+            F.insert(gone.append_column("d", pa.array(np.full(50, -1, np.int64))), diff="d")
+            kept = pa.concat_tables([chunks[0].slice(50), *chunks[1:]])
+        assert len(F.batches()) > 1
+        plan = adb.group_by(adb.join(F, D), by="region", aggs=aggs)
+        got = plan.read_all()
+        written = eager_group_by(eager_join(F, D), by="region", aggs=aggs).read_all()
+        assert got.schema.equals(written.schema, check_metadata=True)
+        assert _rows(got) == _rows(written)
+        assert _rows(got) == _rows(_duck(
+            "SELECT region, count(*) AS n, sum(amount) AS s, avg(amount) AS m "
+            "FROM f JOIN d USING (k) GROUP BY region", kept, dim))
