@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import os
 import threading
 import weakref
 
@@ -21,6 +22,7 @@ import arrangedb
 from arrangedb.pager import MemoryBudget, SpillDirectory
 from arrangedb.spine.storage.context import StorageContext
 from arrangedb.spine import persist
+from arrangedb.spine.build.idle import IdleMerger
 from arrangedb.spine.data import roles
 from arrangedb.spine.data.ingest import Columns, is_file_input, open_batches, target_schemas
 from arrangedb.spine.trace import Trace
@@ -81,9 +83,13 @@ class Engine:
     ``spill_dir``: where the engine's private spill directory goes (created when
     missing), else ``$ARRANGEDB_SPILL_DIR``, else the temp dir. ``memory_budget``: bytes
     or a size such as "512MiB". ``codec``: "auto" (chosen per column) or a codec name.
-    Use it as a context manager: closing drops its traces and spill files."""
+    ``idle_merge``: merge traces' batches on a background thread while the engine is
+    otherwise quiet (:mod:`arrangedb.spine.build.idle`); default on, off with
+    ``$ARRANGEDB_IDLE_MERGE=0``. Use it as a context manager: closing drops its traces
+    and spill files."""
 
-    def __init__(self, spill_dir=None, memory_budget="1GiB", codec: str = "auto"):
+    def __init__(self, spill_dir=None, memory_budget="1GiB", codec: str = "auto",
+                 idle_merge: bool | None = None):
         _load_code()
         self.budget = MemoryBudget(memory_budget)
         try:
@@ -92,6 +98,10 @@ class Engine:
             self.budget.close()
             raise
         self.ctx = StorageContext.for_budget(self.budget, self.spill, codec)
+        if idle_merge is None:
+            idle_merge = os.environ.get("ARRANGEDB_IDLE_MERGE", "1") != "0"
+        if idle_merge:
+            self.ctx.idle = IdleMerger(self.ctx)
         self._traces: list[Trace] = []
         self._closed = False
         with _registry_lock:
@@ -119,6 +129,7 @@ class Engine:
         trace = Trace(self.ctx, key_schema, val_schema, cols, name)
         trace.add_runs(trace.runs.build(source, cols.time or False, cols.diff or False))
         self._traces.append(trace)
+        trace.notify_idle()
         return trace
 
     def load(self, path, version: int | None = None) -> Trace:
@@ -128,8 +139,13 @@ class Engine:
         if self._closed:
             raise RuntimeError("the engine is closed")
         trace = persist.load(path, self.ctx, Trace, version)
-        self._traces.append(trace)
+        self._traces.append(trace)   # merged once written to: a version is read as it is
         return trace
+
+    def wait_merged(self, timeout: float | None = None) -> bool:
+        """Wait until the idle merger has no merge work left (or ``timeout`` seconds);
+        whether so. Merging goes on without this: it is for measuring a settled engine."""
+        return self.ctx.idle is None or self.ctx.idle.wait(timeout)
 
     def stats(self) -> dict:
         b = self.budget.stats()
@@ -149,6 +165,7 @@ class Engine:
             "budget": b,
             "resident_bytes": self.ctx.resident.bytes,
             "resident_batches_paged_out": self.ctx.resident.paged_out,
+            "idle_merge_slices": self.ctx.idle.slices if self.ctx.idle is not None else 0,
             **(self.ctx.block_cache.stats() if self.ctx.block_cache is not None else {}),
         }
 
@@ -158,6 +175,8 @@ class Engine:
         self._closed = True
         with _registry_lock:
             _open.pop(self.id, None)
+        if self.ctx.idle is not None:
+            self.ctx.idle.close()   # after its slice in progress, before the traces go
         for t in self._traces:
             t.close()
         self._traces.clear()

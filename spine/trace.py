@@ -103,6 +103,12 @@ class Trace:
                 max_resident=DURABLE_RESIDENT_UPDATES if state is not None else None,
                 new_writer=state.stage_writer if writer else None)
             self.add_runs(runs)
+        self.notify_idle()
+
+    def notify_idle(self) -> None:
+        """Tell the engine's idle merger that this trace may have merge work."""
+        if self.ctx.idle is not None and self.spine.has_work():
+            self.ctx.idle.notify(self)
 
     def add_runs(self, runs: list[Batch]) -> None:
         """Hand runs of one input to the spine; if that fails, they are dropped (the
@@ -123,6 +129,27 @@ class Trace:
         with self._write_lock:
             self._check_open()
             self.spine.exert(int(fuel))
+
+    def wants_merge(self) -> bool:
+        """Whether merge work is left for idle time (the idle merger's question). A trace
+        tied to a checkpoint directory waits while it holds batches the directory does
+        not: merging one in would make the next checkpoint write the merge's output,
+        where it now writes the new batch alone (after it, merges keep referencing the
+        files they replace: :func:`arrangedb.spine.persist.inherit`)."""
+        if self._closed or not self.spine.has_work():
+            return False
+        return self._checkpoint is None or all(
+            b.checkpointed is not None for b in self.batches())
+
+    def idle_merge(self, fuel: int) -> None:
+        """One slice of merge work, if no writer holds the trace (a writer goes first)."""
+        if not self._write_lock.acquire(blocking=False):
+            return
+        try:
+            if not self._closed:
+                self.spine.exert(int(fuel))
+        finally:
+            self._write_lock.release()
 
     def merge_all(self) -> None:
         """Finish every merge: leaves one batch (handy before many reads)."""
@@ -226,7 +253,9 @@ class Trace:
         :mod:`arrangedb.spine.persist` for the guarantees."""
         with self._write_lock:
             self._check_open()
-            return persist.checkpoint(self, path, retain)
+            version = persist.checkpoint(self, path, retain)
+        self.notify_idle()   # what waited for the directory to hold it may merge now
+        return version
 
     def save(self, path) -> None:
         """Write this trace to a new directory for ``Engine.load``: a first checkpoint

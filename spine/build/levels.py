@@ -30,7 +30,10 @@ Mathematics
 -----------
 Level ``i`` holds at most ``2^(i+1)`` updates, so a trace of ``n`` updates holds
 ``O(log n)`` batches; each update is rewritten ``O(log n)`` times overall, and an
-insert of ``n`` updates pays ``O(n)`` merge work.
+insert of ``n`` updates pays ``O(n)`` merge work. With an idle merger the merges far
+above an insert's level get an eighth of that fuel and the rest from idle time
+(:meth:`Spine._pay_for`); the bound on batches holds all the same, since a merge still
+in progress when a batch lands on its level is finished then.
 """
 
 from __future__ import annotations
@@ -147,7 +150,7 @@ class Spine:
                 self.insert(r)
             return
         index = level_of(sum(len(r) for r in runs))
-        self._apply_fuel((8 << index) * self.effort)
+        self._pay_for(index)
         self._roll_up(index)
         while len(self.levels) <= index:
             self.levels.append(None)
@@ -176,7 +179,7 @@ class Spine:
 
     def _introduce(self, batch: Batch) -> None:
         index = level_of(len(batch))
-        self._apply_fuel((8 << index) * self.effort)
+        self._pay_for(index)
         self._roll_up(index)
         self._insert_at(batch, index)
 
@@ -216,8 +219,25 @@ class Spine:
         if len(result):
             self._insert_at(result, index + 1)
 
-    def _apply_fuel(self, fuel: int) -> None:
-        for i in range(len(self.levels)):
+    def _pay_for(self, index: int) -> None:
+        """The fuel a batch landing on level ``index`` pays: ``(8 << index) * effort``
+        to every merge in progress, as differential dataflow's spine does. With an idle
+        merger (``ctx.idle``), merges more than a level above get an eighth of that --
+        about the batch's own size -- and the rest of their work from idle time: an
+        insert costs in proportion to itself, not to the merge of the runs a large
+        arrange left, and those merges still move with every insert (a merge still
+        unfinished when a batch lands on its level is finished then)."""
+        fuel = (8 << index) * self.effort
+        if self.ctx.idle is None:
+            self._apply_fuel(fuel)
+            return
+        self._apply_fuel(fuel, upto=index + 1)
+        self._apply_fuel(fuel // 8, start=index + 2)
+
+    def _apply_fuel(self, fuel: int, upto: int | None = None, start: int = 0) -> None:
+        """``fuel`` to every merge in progress on levels ``start`` to ``upto``."""
+        top = len(self.levels) if upto is None else min(upto + 1, len(self.levels))
+        for i in range(start, top):
             lvl = self.levels[i]
             if lvl is not None and lvl.merging:
                 merger = self._merger(lvl)
@@ -246,6 +266,14 @@ class Spine:
                     # a lone batch behind the frontier: merge it with nothing to compact it
                     self.levels[i] = Level([batch], self.since, compact=True)
         self._apply_fuel(fuel)
+
+    def has_work(self) -> bool:
+        """Whether ``exert`` would do anything: a merge in progress, two batches to
+        merge, or a lone batch behind the logical compaction frontier."""
+        occupied = [lvl for lvl in self.levels if lvl is not None]
+        if len(occupied) > 1 or any(lvl.merging for lvl in occupied):
+            return True
+        return bool(occupied) and occupied[0].batches[0].description.since < self.since
 
     def merge_all(self) -> None:
         """Finish every merge and leave at most one settled batch (pending ones aside)."""

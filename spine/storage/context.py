@@ -8,6 +8,8 @@ small parts and windows. Page files are opened and mapped by the storage modules
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass
 
 from arrangedb.pager import PageWriter
@@ -29,6 +31,9 @@ class StorageContext:
     block_cache: object | None = None  # arrangedb.spine.storage.blockcache.BlockCache; None: no cache
     resident: object | None = None     # arrangedb.spine.storage.resident.ResidentBatches; None: all paged
     engine_id: int | None = None       # the engine whose budget this is (streams name it)
+    idle: object | None = None         # arrangedb.spine.build.idle.IdleMerger; None: no thread
+    idle_thread: int | None = None     # its thread's ident: its reservations are not activity
+    last_activity: float = 0.0         # monotonic time of the last reservation by others
 
     @classmethod
     def for_budget(cls, budget, spill, codec: str = "auto") -> "StorageContext":
@@ -69,6 +74,8 @@ class StorageContext:
         MappedRegions.of(self.budget).sweep()
 
     def reserve(self, nbytes: int, what: str) -> None:
+        if self.idle_thread != threading.get_ident():
+            self.last_activity = time.monotonic()   # the engine is busy: idle merging waits
         if self.budget is not None and nbytes > 0:
             self.budget.reserve(nbytes, what)
 
