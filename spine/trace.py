@@ -131,11 +131,10 @@ class Trace:
             self.spine.exert(int(fuel))
 
     def wants_merge(self) -> bool:
-        """Whether merge work is left for idle time (the idle merger's question). A trace
-        tied to a checkpoint directory waits while it holds batches the directory does
-        not: merging one in would make the next checkpoint write the merge's output,
-        where it now writes the new batch alone (after it, merges keep referencing the
-        files they replace: :func:`arrangedb.spine.persist.inherit`)."""
+        """Whether merge work is left for idle time. A trace tied to a checkpoint
+        directory waits while it holds batches the directory does not: merging one in
+        would make the next checkpoint write the merge's output instead of the batch
+        alone (later merges reference the files they replace: ``persist.inherit``)."""
         if self._closed or not self.spine.has_work():
             return False
         return self._checkpoint is None or all(
