@@ -142,13 +142,12 @@ class Trace:
 
     def idle_merge(self, fuel: int) -> None:
         """One slice of merge work, if no writer holds the trace (a writer goes first)."""
-        if not self._write_lock.acquire(blocking=False):
-            return
-        try:
-            if not self._closed:
-                self.spine.exert(int(fuel))
-        finally:
-            self._write_lock.release()
+        if self._write_lock.acquire(blocking=False):
+            try:
+                if not self._closed:
+                    self.spine.exert(int(fuel))
+            finally:
+                self._write_lock.release()
 
     def merge_all(self) -> None:
         """Finish every merge: leaves one batch (handy before many reads)."""
@@ -346,6 +345,7 @@ class Appender:
             t.spine.insert_runs(runs)   # on failure: runs stay ours; made outputs are garbage
             self.runs = []
             t.ctx.settle()
+        t.notify_idle()
 
     def abort(self) -> None:
         """Drop the runs sorted so far (their page files go now, not at collection)."""
