@@ -104,7 +104,13 @@ def group_by(stream, by, aggs: dict, weight: str | bool | None = None, engine=No
     last = partials.as_partials if phase == "partial" else partials.finish
     out_schema = partials.partial_schema() if phase == "partial" else _output_schema(partials)
     return pa.RecordBatchReader.from_batches(
-        out_schema, _run(partials, batches, engine, batch_rows, first, last))
+        out_schema, _working(engine, _run(partials, batches, engine, batch_rows, first, last)))
+
+
+def _working(engine, gen):
+    """``gen`` as work of ``engine``: its idle merger waits while the grouping goes on."""
+    with engine.ctx.working():
+        yield from gen
 
 
 def _no_retractions(batches, weight: str, nonlinear: list[str]):

@@ -8,9 +8,12 @@ what reads and joins are fastest over -- without anyone calling ``merge_all``.
 
 Rules of the thread:
 
-- It works only while the engine is quiet: no reservation from any other thread for
-  ``QUIET_SECONDS`` (every read, build and merge reserves through the storage context,
-  so that is what "busy" means), and while the budget holds at most half its limit.
+- It works only while the engine is quiet: nothing reserved through the storage
+  context by any other thread, and no reservation or release for ``QUIET_SECONDS``
+  (every read, build, sort and grouping holds a reservation while it works, so that is
+  what "busy" means), and while the budget holds at most half its limit. Two heavy
+  jobs at once would each stay within their reservations, but not within the one
+  allowance the process has for what reservations do not count.
 - It works in slices of ``SLICE_FUEL`` input updates, each under the trace's write lock,
   taken without waiting (a writer goes first): an insert or a query that starts
   meanwhile waits at most one slice for the lock or shares the machine with one slice.
@@ -101,7 +104,7 @@ class IdleMerger:
                     self._slice(trace)
 
     def _may_work(self) -> bool:
-        if time.monotonic() - self.ctx.last_activity < QUIET_SECONDS:
+        if self.ctx.busy(QUIET_SECONDS):
             return False
         budget = self.ctx.budget
         return budget is None or budget.held <= budget.limit // 2

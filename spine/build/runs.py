@@ -85,6 +85,11 @@ class RunBuilder:
         in memory while the engine admits them (:mod:`arrangedb.spine.storage.resident`).
         ``new_writer``: makes the page writer of each run written (default: a spill
         file); merges down still spill."""
+        with self.ctx.working():   # idle merging waits for the sorts
+            return self._build(data, time, diff, merge, resident, max_resident, new_writer)
+
+    def _build(self, data, time, diff, merge, resident, max_resident, new_writer
+               ) -> list[Batch]:
         schema, stream = open_batches(data)
         time = roles.resolve_role(schema, time, roles.TIME, self.columns.time)
         diff = roles.resolve_role(schema, diff, roles.WEIGHT, self.columns.diff)

@@ -156,27 +156,28 @@ def co_blocks(traces: list, at: int | None = None,
     dictionary = [frozenset(d) for d in dictionary] if dictionary else [frozenset()] * len(traces)
     val_schemas = [dictionary_schema(t.val_schema, d) for t, d in zip(traces, dictionary)]
     reader = MergedReader(batches, ctx, tags, window_rows, dict(enumerate(dictionary)))
-    for step in reader:
-        out = []
-        runs = None
-        for i, t in enumerate(traces):
-            mine = [(u, s) for tag, u, s in step if tag == i]
-            if not mine:
-                out.append(empty_block(t.key_schema, val_schemas[i], changes is not None))
-                continue
-            if (i == 0 and bag and changes is None and len(mine) > 1
-                    and all(_insertions(u, at) for u, _ in mine)):
-                runs = [_snapshot_block(u, at, True, bag, s) for u, s in mine]
-                out.append(None)
-                continue
-            single = len(mine) == 1
-            upd, starts = mine[0] if single else (step_updates(step, i), None)
-            out.append(_snapshot_block(upd, at, single, bag, starts) if changes is None
-                       else _changes_block(upd, *changes, t.since, single, starts, len(mine)))
-        for first in runs or [out[0]]:
-            block = (first, *out[1:])
-            if any(len(b) for b in block):
-                yield block
+    with ctx.working():
+        for step in reader:
+            out = []
+            runs = None
+            for i, t in enumerate(traces):
+                mine = [(u, s) for tag, u, s in step if tag == i]
+                if not mine:
+                    out.append(empty_block(t.key_schema, val_schemas[i], changes is not None))
+                    continue
+                if (i == 0 and bag and changes is None and len(mine) > 1
+                        and all(_insertions(u, at) for u, _ in mine)):
+                    runs = [_snapshot_block(u, at, True, bag, s) for u, s in mine]
+                    out.append(None)
+                    continue
+                single = len(mine) == 1
+                upd, starts = mine[0] if single else (step_updates(step, i), None)
+                out.append(_snapshot_block(upd, at, single, bag, starts) if changes is None
+                           else _changes_block(upd, *changes, t.since, single, starts, len(mine)))
+            for first in runs or [out[0]]:
+                block = (first, *out[1:])
+                if any(len(b) for b in block):
+                    yield block
 
 
 def _insertions(upd: Updates, at: int | None) -> bool:
@@ -240,26 +241,27 @@ def _visible(trace, at) -> list:
 
 
 def _batch_blocks(ctx, batch, at, dictionary, sums, columns) -> Iterator[Block]:
-    for part in batch.parts:
-        if part.num_updates == 0:
-            continue
-        layout, key_sums = part.summed_layout(dictionary, sums, columns)
-        if layout is None:   # a resident part: its updates, reserved already
-            upd, starts = part.read(dictionary)
+    with ctx.working():
+        for part in batch.parts:
+            if part.num_updates == 0:
+                continue
+            layout, key_sums = part.summed_layout(dictionary, sums, columns)
+            if layout is None:   # a resident part: its updates, reserved already
+                upd, starts = part.read(dictionary)
+                try:
+                    block = _snapshot_block(upd, at, True, starts=starts)
+                finally:
+                    part.release()
+                nbytes = upd.vals.nbytes if dictionary and upd.vals is not None else 0
+            else:
+                block = _layout_block(layout, at, key_sums)
+                nbytes = _layout_bytes(layout) + sum(x.nbytes for x in key_sums.values())
+            ctx.reserve(nbytes, "decoded part")
             try:
-                block = _snapshot_block(upd, at, True, starts=starts)
+                if len(block):
+                    yield block
             finally:
-                part.release()
-            nbytes = upd.vals.nbytes if dictionary and upd.vals is not None else 0
-        else:
-            block = _layout_block(layout, at, key_sums)
-            nbytes = _layout_bytes(layout) + sum(x.nbytes for x in key_sums.values())
-        ctx.reserve(nbytes, "decoded part")
-        try:
-            if len(block):
-                yield block
-        finally:
-            ctx.release(nbytes)
+                ctx.release(nbytes)
 
 
 def _layout_bytes(layout: PartLayout) -> int:

@@ -24,6 +24,11 @@ def lookup(trace, keys, at: int | None = None, read_dictionary=None) -> pa.Table
     """Rows for a batch of keys: query_index, key, vals, count (sorted once, walked in
     order). ``read_dictionary``: val columns to return as dictionary arrays (int32
     codes), taken as codes from the parts that store them dictionary-coded."""
+    with trace.ctx.working():   # idle merging waits
+        return _lookup(trace, keys, at, read_dictionary)
+
+
+def _lookup(trace, keys, at, read_dictionary) -> pa.Table:
     trace.check_read_time(at)
     queries = _key_table(keys, trace.key_schema)
     dictionary = frozenset(read_dictionary or ())

@@ -8,9 +8,10 @@ small parts and windows. Page files are opened and mapped by the storage modules
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from arrangedb.pager import PageWriter
 from arrangedb.pager.mapped_regions import MappedRegions
@@ -34,6 +35,8 @@ class StorageContext:
     idle: object | None = None         # arrangedb.spine.build.idle.IdleMerger; None: no thread
     idle_thread: int | None = None     # its thread's ident: its reservations are not activity
     last_activity: float = 0.0         # monotonic time of the last reservation by others
+    active: int = 0                    # builds and reads going on in other threads
+    _count_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
     def for_budget(cls, budget, spill, codec: str = "auto") -> "StorageContext":
@@ -74,14 +77,39 @@ class StorageContext:
         MappedRegions.of(self.budget).sweep()
 
     def reserve(self, nbytes: int, what: str) -> None:
-        if self.idle_thread != threading.get_ident():
-            self.last_activity = time.monotonic()   # the engine is busy: idle merging waits
         if self.budget is not None and nbytes > 0:
             self.budget.reserve(nbytes, what)
+        self._count(nbytes)
 
     def release(self, nbytes: int) -> None:
         if self.budget is not None and nbytes > 0:
             self.budget.release(nbytes)
+        self._count(-nbytes)
+
+    def _count(self, nbytes: int) -> None:
+        if nbytes and self.idle_thread != threading.get_ident():
+            self.last_activity = time.monotonic()
+
+    @contextlib.contextmanager
+    def working(self):
+        """Around a build or a read: the engine is busy while one goes on (a sort or a
+        grouping may compute for seconds between reservations), and idle merging waits."""
+        if self.idle_thread == threading.get_ident():
+            yield
+            return
+        with self._count_lock:
+            self.active += 1
+        try:
+            yield
+        finally:
+            with self._count_lock:
+                self.active -= 1
+                self.last_activity = time.monotonic()
+
+    def busy(self, quiet: float) -> bool:
+        """Whether other work is going on, or went on within ``quiet`` seconds (a
+        reservation or a release counts as work)."""
+        return self.active > 0 or time.monotonic() - self.last_activity < quiet
 
     def new_writer(self, hint: str = "batch"):
         return PageWriter(self.spill, name_hint=hint)
