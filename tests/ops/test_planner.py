@@ -23,7 +23,7 @@ import arrangedb as adb
 from arrangedb.ops.group_by import group_by as eager_group_by
 from arrangedb.ops.join import join as eager_join
 
-SETTINGS = settings(max_examples=20, deadline=None,
+SETTINGS = settings(max_examples=10, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture,
                                            HealthCheck.too_slow])
 
