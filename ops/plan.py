@@ -19,7 +19,6 @@ This module is the mechanism; the rules are the planner's.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Callable
@@ -53,14 +52,6 @@ class Node:
     def inputs(self) -> list:
         """The plans, traces and streams this node reads, in argument order."""
         return [a for a in (*self.args, *self.kwargs.values()) if is_input(a)]
-
-    def replace(self, **changes) -> "Node":
-        """A copy with ``changes`` applied; ``kwargs`` entries merge into the old ones."""
-        kwargs = {**self.kwargs, **changes.pop("kwargs", {})}
-        fields = dict(op=self.op, fn=self.fn, args=self.args, kwargs=kwargs,
-                      schema=self.schema, notes=list(self.notes))
-        fields.update(changes)
-        return Node(**fields)
 
 
 def is_input(x) -> bool:
@@ -179,8 +170,6 @@ def describe_input(x) -> str:
         name = f" {x.name!r}" if getattr(x, "name", None) else ""
         return (f"trace{name}: key [{', '.join(x.key_names)}]{vals}; {updates:,} updates "
                 f"in {len(batches)} batch{'es' if len(batches) != 1 else ''}")
-    if isinstance(x, (str, os.PathLike)):
-        return f"parquet {os.fspath(x)!r}"
     if isinstance(x, pa.Table):
         return f"table: {x.num_rows:,} rows ({', '.join(x.schema.names)})"
     if isinstance(x, pa.RecordBatchReader):

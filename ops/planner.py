@@ -22,6 +22,7 @@ against the plan as written by the oracle tests (tests/ops/test_planner.py).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import pyarrow as pa
@@ -44,8 +45,8 @@ def params(node: Node) -> dict:
 
 def _rebuilt(node: Node, notes: list[str], **changes) -> Node:
     """``node``'s operator applied to changed arguments (by name), all as keywords."""
-    p = {**params(node), **changes}
-    return node.replace(args=(), kwargs=p, notes=notes, first=None)
+    return dataclasses.replace(node, args=(), kwargs={**params(node), **changes},
+                               notes=notes, first=None)
 
 
 def _joined(node: Node):
@@ -172,7 +173,7 @@ def _label(node: Node) -> str:
     defaults = {k: v.default for k, v in inspect.signature(node.fn).parameters.items()}
     shown = []
     for k, v in p.items():
-        if _is_leaf_or_plan(v) or k in ("schema",):
+        if is_input(v) or k == "schema":
             continue
         if k in defaults and defaults[k] is not inspect.Parameter.empty and v == defaults[k]:
             continue
@@ -191,10 +192,6 @@ def _agg(spec) -> str:
     if isinstance(spec, (tuple, list)) and len(spec) == 2:
         return f"{spec[0]}({spec[1] or '*'})"
     return str(spec)
-
-
-def _is_leaf_or_plan(v) -> bool:
-    return is_input(v)
 
 
 def _tree(node: Node, depth: int, deep: bool, notes: list) -> list[str]:

@@ -50,10 +50,6 @@ class IdleMerger:
         self.slices = 0       # slices of merge work done
         self.failures = 0     # slices that raised (rolled back)
 
-    @property
-    def ident(self) -> int | None:
-        return self._thread.ident if self._thread is not None else None
-
     def notify(self, trace) -> None:
         """``trace`` may want merge work (it was just built or written)."""
         with self._lock:

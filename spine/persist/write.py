@@ -68,6 +68,13 @@ def _write_resident(batch: Batch, target: str, codec: str) -> tuple[dict, int]:
         pagefile.close()
 
 
+def _staged_in(batch: Batch, path: str) -> bool:
+    """Whether ``batch``'s page file is in the directory ``path`` already (an insert
+    staged it there: :meth:`CheckpointState.stage_writer`), so that a checkpoint names
+    it where it is."""
+    return batch.pagefile is not None and os.path.dirname(batch.pagefile.path) == path
+
+
 def updates_in(entries: list[dict]) -> int:
     return sum(p["num_updates"] for e in entries for p in e["parts"])
 
@@ -240,25 +247,21 @@ def _write_version(trace, path: str, state: CheckpointState | None, retain: int
                 entries += batch.checkpointed[1]
                 continue
             pf = batch.pagefile
-            if pf is not None and os.path.dirname(pf.path) == path:
-                # staged by an insert (CheckpointState.stage_writer): durable where it is
+            if _staged_in(batch, path):   # by an insert: made durable where it is
                 io.fsync_path(pf.path)
                 entry = _entry(batch.parts, pf.directory_crc, batch.description,
                                os.path.basename(pf.path), pf.size)
-                entry["written"] = pf.data_bytes
-                new_bytes += pf.data_bytes
-                entries.append(entry)
-                marks.append((batch, entry))
-                continue
-            name = f"batch-{token}-{i:05d}{PAGE_SUFFIX}"
-            target = os.path.join(path, name)
-            written.append(target)
-            if batch.pagefile is not None:   # its spill file, copied in the kernel
-                size = io.copy_file(batch.pagefile.path, target)
-                entry = _entry(batch.parts, batch.pagefile.directory_crc,
-                               batch.description, name, batch.pagefile.size)
-            else:   # held in memory (a resident insert): encoded into the directory
-                entry, size = _write_resident(batch, target, trace.ctx.codec)
+                size = pf.data_bytes
+            else:
+                name = f"batch-{token}-{i:05d}{PAGE_SUFFIX}"
+                target = os.path.join(path, name)
+                written.append(target)
+                if pf is not None:   # its spill file, copied in the kernel
+                    size = io.copy_file(pf.path, target)
+                    entry = _entry(batch.parts, pf.directory_crc, batch.description, name,
+                                   pf.size)
+                else:   # held in memory (a resident insert): encoded into the directory
+                    entry, size = _write_resident(batch, target, trace.ctx.codec)
             entry["written"] = size
             new_bytes += size
             entries.append(entry)
@@ -291,9 +294,9 @@ def _write_version(trace, path: str, state: CheckpointState | None, retain: int
             io.unlink_quietly(f)
         raise
     for batch, entry in marks:
+        if _staged_in(batch, path):
+            batch.keep_file()   # named by a manifest now: retention decides its end
         batch.checkpointed = (path, [entry])
-        if batch.pagefile is not None and os.path.dirname(batch.pagefile.path) == path:
-            batch.keep_file()   # a staged file, named by a manifest now
     files = {e["file"] for e in entries}
     if state is not None:
         state.files[version] = files

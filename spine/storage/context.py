@@ -34,9 +34,9 @@ class StorageContext:
     engine_id: int | None = None       # the engine whose budget this is (streams name it)
     idle: object | None = None         # arrangedb.spine.build.idle.IdleMerger; None: no thread
     idle_thread: int | None = None     # its thread's ident: its reservations are not activity
-    last_activity: float = 0.0         # monotonic time of the last reservation by others
+    last_activity: float = 0.0         # monotonic time of others' last reservation or release
     active: int = 0                    # builds and reads going on in other threads
-    _count_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _active_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
     def for_budget(cls, budget, spill, codec: str = "auto") -> "StorageContext":
@@ -79,15 +79,16 @@ class StorageContext:
     def reserve(self, nbytes: int, what: str) -> None:
         if self.budget is not None and nbytes > 0:
             self.budget.reserve(nbytes, what)
-        self._count(nbytes)
+        self._touch()
 
     def release(self, nbytes: int) -> None:
         if self.budget is not None and nbytes > 0:
             self.budget.release(nbytes)
-        self._count(-nbytes)
+        self._touch()
 
-    def _count(self, nbytes: int) -> None:
-        if nbytes and self.idle_thread != threading.get_ident():
+    def _touch(self) -> None:
+        """A reservation or a release by anyone but the idle merger: work going on."""
+        if self.idle_thread != threading.get_ident():
             self.last_activity = time.monotonic()
 
     @contextlib.contextmanager
@@ -97,12 +98,12 @@ class StorageContext:
         if self.idle_thread == threading.get_ident():
             yield
             return
-        with self._count_lock:
+        with self._active_lock:
             self.active += 1
         try:
             yield
         finally:
-            with self._count_lock:
+            with self._active_lock:
                 self.active -= 1
                 self.last_activity = time.monotonic()
 
