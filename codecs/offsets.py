@@ -6,10 +6,14 @@ Forms, tried in order:
 - ``stride``: ``start + step * arange(n)`` -> three ints in the metadata, no bytes.
 - ``runs``: few runs of equal deltas (the singleton-compressed ``0, 1, 1, ..., 1``) ->
   the first value and (delta, count) pairs in the metadata, no bytes.
-- ``narrow``: u32 while the last value fits, else u64; decoded zero-copy when the width
-  equals the input's.
+- ``narrow``: u32 when the last value fits (0.5x of u64 input), else the input's width;
+  decoded zero-copy when the width equals the input's.
+- ``split`` (version 2): u32 until the first value >= 2**32, u64 from there on -- the
+  seeds' "u32 until it must be u64": a list crossing 2**32 near its end pays 8 bytes
+  only for the entries past the crossing, not for all of them.
 
-The output dtype always equals the input's.
+The output dtype always equals the input's. Encodings in the forms of version 1 are
+written as version 1 (any reader of that version decodes them); ``split`` is version 2.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from arrangedb.codecs.base import (
 )
 
 MAX_META_RUNS = 32
+_U32_TOP = 2**32
 
 
 def is_offsets(values) -> bool:
@@ -37,6 +42,8 @@ def is_offsets(values) -> bool:
 
 class Offsets(Codec):
     name = "offsets"
+    version = 2
+    versions = (1, 2)
 
     def encode(self, values, **options):
         if not is_offsets(values):
@@ -45,25 +52,32 @@ class Offsets(Codec):
         n = len(values)
         if n == 0 or values[0] == values[-1]:
             meta.update(form="const", value=int(values[0]) if n else 0)
-            return Encoded(self.name, self.version, meta, [])
+            return Encoded(self.name, 1, meta, [])
         deltas = np.diff(values)
         cuts = np.flatnonzero(deltas[1:] != deltas[:-1]) + 1
         if len(cuts) == 0:
             meta.update(form="stride", start=int(values[0]), step=int(deltas[0]))
-            return Encoded(self.name, self.version, meta, [])
+            return Encoded(self.name, 1, meta, [])
         if len(cuts) < MAX_META_RUNS:
             starts = np.concatenate([[0], cuts])
             counts = np.diff(np.concatenate([starts, [n - 1]]))
             meta.update(form="runs", first=int(values[0]),
                         deltas=[int(d) for d in deltas[starts]],
                         counts=[int(c) for c in counts])
-            return Encoded(self.name, self.version, meta, [])
+            return Encoded(self.name, 1, meta, [])
         width = values.dtype.itemsize
-        if width > 4 and int(values[-1]) < 2**32:
+        if width > 4 and int(values[-1]) < _U32_TOP:
             width = 4
+        elif width > 4:
+            # monotone: every value before the first one >= 2**32 fits in u32
+            cut = int(np.searchsorted(values, values.dtype.type(_U32_TOP)))
+            if cut:
+                meta.update(form="split", cut=cut)
+                return Encoded(self.name, 2, meta, [values[:cut].astype(np.uint32),
+                                                    np.ascontiguousarray(values[cut:])])
         meta.update(form="narrow", width=width)
         stored = values if width == values.dtype.itemsize else values.astype(np.uint32)
-        return Encoded(self.name, self.version, meta, [np.ascontiguousarray(stored)])
+        return Encoded(self.name, 1, meta, [np.ascontiguousarray(stored)])
 
     def decode(self, version, meta, buffers):
         n = meta_length(meta)
@@ -89,6 +103,13 @@ class Offsets(Codec):
             stored_dt = dt if width == dt.itemsize else np.dtype(f"u{width}")
             stored = view_as(buffers[0], stored_dt, meta_length(meta), "offsets")[rows]
             return stored if stored_dt == dt else stored.astype(dt)
+        if form == "split":
+            head, tail, cut = _split_parts(version, meta, buffers, dt)
+            out = np.empty(len(rows), dt)
+            low = rows < cut
+            out[low] = head[rows[low]]
+            out[~low] = tail[rows[~low] - cut]
+            return out
         return super().take(version, meta, buffers, rows)
 
     def decode_range(self, version, meta, buffers, start, stop):
@@ -105,6 +126,13 @@ class Offsets(Codec):
             stored_dt = dt if width == dt.itemsize else np.dtype(f"u{width}")
             stored = view_as(buffers[0], stored_dt, n, "offsets")[start:stop]
             return stored if stored_dt == dt else stored.astype(dt)
+        if form == "split":
+            head, tail, cut = _split_parts(version, meta, buffers, dt)
+            out = np.empty(stop - start, dt)
+            mid = min(max(cut, start), stop) - start     # where the tail begins in out
+            out[:mid] = head[start:start + mid]
+            out[mid:] = tail[max(start - cut, 0):stop - cut]
+            return out
         expect_buffers(buffers, 0)
         if form == "const":
             return np.full(stop - start, meta["value"], dtype=dt)
@@ -121,6 +149,17 @@ class Offsets(Codec):
             np.cumsum(np.repeat(deltas, counts), dtype=dt, out=out[1:])
             out[1:] += out[0]
         return out[start:stop]
+
+
+def _split_parts(version, meta, buffers, dt: np.dtype):
+    """The u32 head, the u64 tail and the cut of a ``split`` encoding, checked."""
+    check(version >= 2, "offsets form 'split' needs version 2")
+    check(dt.itemsize == 8, f"split offsets of dtype {dt}")
+    expect_buffers(buffers, 2)
+    n, cut = meta_length(meta), meta["cut"]
+    check(type(cut) is int and 0 < cut <= n, f"bad split cut {cut!r}")
+    return (view_as(buffers[0], np.uint32, cut, "offsets head"),
+            view_as(buffers[1], dt, n - cut, "offsets tail"), cut)
 
 
 def _take_stride(dt: np.dtype, first: int, step: int, rows: np.ndarray) -> np.ndarray:
