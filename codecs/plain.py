@@ -6,6 +6,11 @@ numpy arrays are stored as their raw bytes. Arrow arrays of flat types (booleans
 fixed-width, string/binary and their large variants) are stored as their buffers, trimmed
 to the array's length and with the offset normalized to 0: ``[validity?] + data buffers``.
 Other Arrow types (nested, dictionary, views, null) go through a one-batch IPC stream.
+
+Strings and binaries whose values all have one length ``w`` (hashes, fixed-size ids,
+codes) are stored ``stride`` (version 2): the data buffer alone, the offsets computed
+at decode (``arange(n + 1) * w``, or ``w`` times the running count of valid rows when
+null slots are empty). Other strings keep Arrow's offsets.
 The other codecs reuse ``encode_parts``/``decode_parts`` for their dictionaries and the
 ``zstd`` codec compresses exactly these buffers.
 """
@@ -18,7 +23,7 @@ import pyarrow as pa
 from arrangedb.codecs.base import (
     Codec, Encoded, as_u8, arrow_meta, binary_offset_dtype, check, clamp_range, expect_buffers,
     is_arrow, meta_dtype, meta_length, normalize_arrow, numpy_meta, pop_validity, register,
-    str_to_type, validity_of, view_as,
+    str_to_type, valid_mask, validity_of, view_as,
 )
 
 
@@ -70,9 +75,39 @@ def encode_parts(values) -> tuple[dict, list]:
             if np.frombuffer(rebuilt.buffers()[1], odt, count=1)[0] != 0:
                 return _encode_ipc(arr, meta)
             return encode_parts(rebuilt)
+        width = _common_width(offsets, arr, validity)
+        if width is not None:
+            meta.update(layout="stride", width=width[0], nulls_empty=width[1])
+            out.append(_trim(bufs[2], int(offsets[-1])))
+            return meta, out
         out.append(offsets if n == 0 else bufs[1].slice(0, (n + 1) * odt.itemsize))
         out.append(_trim(bufs[2], int(offsets[-1])))
     return meta, out
+
+
+def _common_width(offsets: np.ndarray, arr: pa.Array, validity) -> tuple[int, bool] | None:
+    """(w, nulls_empty) when every value is ``w`` bytes long -- null slots too, or null
+    slots all empty (``nulls_empty``) -- else None. Empty arrays have width 0."""
+    n = len(arr)
+    if n == 0:
+        return 0, False
+    lengths = np.diff(offsets)
+    if validity is None:
+        w = int(lengths[0])
+        return (w, False) if not (lengths != w).any() else None
+    valid = valid_mask(arr)
+    live = lengths[valid]
+    w = int(live[0]) if len(live) else 0
+    if (live != w).any():
+        return None
+    if not lengths[~valid].any():
+        return w, True
+    return (w, False) if not (lengths[~valid] != w).any() else None
+
+
+def plain_version(meta: dict) -> int:
+    """The version of the plain codec an encoding with this metadata needs."""
+    return 2 if meta.get("layout") == "stride" else 1
 
 
 def _trim(buf, nbytes: int):
@@ -101,6 +136,8 @@ def decode_parts(meta: dict, buffers: list):
     t = str_to_type(meta["type"])
     if meta["layout"] == "ipc":
         return _decode_ipc(t, n, buffers)
+    if meta["layout"] == "stride":
+        return _decode_stride(t, n, meta, buffers)
     check(meta["layout"] == "flat", f"unknown layout {meta.get('layout')!r}")
     kind = _flat_kind(t)
     check(kind is not None, f"type {t} cannot have a flat layout")
@@ -125,6 +162,30 @@ def decode_parts(meta: dict, buffers: list):
                                  null_count=-1 if has_validity else 0)
 
 
+def _decode_stride(t: pa.DataType, n: int, meta: dict, buffers: list):
+    """Strings of one length: offsets computed, data as stored (zero-copy)."""
+    odt = binary_offset_dtype(t)
+    check(odt is not None, f"type {t} cannot have a stride layout")
+    w, has_validity = meta["width"], bool(meta["validity"])
+    check(type(w) is int and w >= 0, f"bad stride width {w!r}")
+    expect_buffers(buffers, has_validity + 1)
+    bufs = [as_u8(b) for b in buffers]
+    bitmap = pop_validity(bufs, n) if has_validity else None
+    data = bufs[0]
+    check(n * w <= np.iinfo(odt).max, "stride strings overflow their offsets")
+    if has_validity and meta["nulls_empty"]:
+        valid = np.unpackbits(bitmap[: (n + 7) // 8], bitorder="little")[:n]
+        offsets = np.zeros(n + 1, odt)
+        np.cumsum(valid, dtype=odt, out=offsets[1:])
+        offsets *= odt.type(w)
+    else:
+        offsets = np.arange(0, (n + 1) * w, w, dtype=odt) if w else np.zeros(n + 1, odt)
+    check(int(offsets[-1]) == data.nbytes, "stride data has the wrong size")
+    validity = pa.py_buffer(bitmap) if has_validity else None
+    return pa.Array.from_buffers(t, n, [validity, pa.py_buffer(offsets), pa.py_buffer(data)],
+                                 null_count=-1 if has_validity else 0)
+
+
 def _decode_ipc(t: pa.DataType, n: int, buffers: list):
     expect_buffers(buffers, 1)
     reader = pa.ipc.open_stream(pa.py_buffer(as_u8(buffers[0])))
@@ -140,10 +201,12 @@ class Plain(Codec):
     """The array's bytes as they are; the fallback of every other codec."""
 
     name = "plain"
+    version = 2
+    versions = (1, 2)
 
     def encode(self, values, **options):
         meta, buffers = encode_parts(values)
-        return Encoded(self.name, self.version, meta, buffers)
+        return Encoded(self.name, plain_version(meta), meta, buffers)
 
     def decode(self, version, meta, buffers):
         return decode_parts(meta, buffers)

@@ -28,7 +28,7 @@ from arrangedb.codecs.base import (
     meta_dtype, meta_length, register, str_to_type,
 )
 from arrangedb.codecs import parallel
-from arrangedb.codecs.plain import decode_parts, encode_parts
+from arrangedb.codecs.plain import decode_parts, encode_parts, plain_version
 
 DEFAULT_BLOCK_BYTES = 128 << 10
 DEFAULT_LEVEL = 3
@@ -228,6 +228,8 @@ def take_from_blocks(meta: dict, fetch, rows: np.ndarray):
 
 class ZstdBlocks(Codec):
     name = "zstd"
+    version = 2       # 2: the plain buffers may be in the ``stride`` layout
+    versions = (1, 2)
 
     def encode(self, values, block_bytes: int = DEFAULT_BLOCK_BYTES, level: int = DEFAULT_LEVEL,
                **options):
@@ -242,7 +244,7 @@ class ZstdBlocks(Codec):
             buffers.append(comp)
             blocks.append({"raw": raw_offsets, "comp": comp_offsets})
         meta = {"plain": pmeta, "level": level, "block_bytes": block, "blocks": blocks}
-        return Encoded(self.name, self.version, meta, buffers)
+        return Encoded(self.name, plain_version(pmeta), meta, buffers)
 
     def decode(self, version, meta, buffers):
         blocks = meta["blocks"]
