@@ -9,8 +9,8 @@ them, where it can. A codec that does not apply to the input (``offsets`` on
 strings, ``for`` on floats...) falls back to ``plain``; ``Encoded.codec`` says which was
 used. Every failure to decode is a ``CodecError``.
 
-Codecs: ``plain``, ``offsets``, ``dict``, ``for``, ``scaled_float``, ``arrow_decimal``,
-``zstd``; ``auto`` is ``choose_codec``. ``decimal``, the old name of ``scaled_float``,
+Codecs: ``plain``, ``const``, ``offsets``, ``dict``, ``for``, ``scaled_float``,
+``arrow_decimal``, ``zstd``; ``auto`` is ``choose_codec``. ``decimal``, the old name of ``scaled_float``,
 still decodes.
 """
 
@@ -27,8 +27,8 @@ import zstandard
 from arrangedb.codecs.base import REGISTRY, CodecError, Encoded, lookup
 from arrangedb.codecs.plain import PLAIN
 # imported to register their codecs
-from arrangedb.codecs import (arrow_decimal, dictionary, frame, offsets,  # noqa: F401
-                              scaled_float, zstd_blocks)
+from arrangedb.codecs import (arrow_decimal, constant, dictionary, frame,  # noqa: F401
+                              offsets, scaled_float, zstd_blocks)
 from arrangedb.codecs.arrow_decimal import decimal_words, unscaled_int64
 from arrangedb.codecs.choose import choose_codec
 from arrangedb.codecs.parallel import set_threads

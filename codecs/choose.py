@@ -7,8 +7,10 @@ Rules (in order):
 - integer-like: ``for`` when it narrows the width at least 2x, ``dict`` when a sample of
   ~4096 suggests few distinct values and an exact count confirms <= n/8 and <= 65536;
   the smaller estimate wins;
-- strings/binaries: ``dict`` on the same test, else ``zstd`` when a sample compresses
-  >= 1.5x, else ``plain``;
+- strings/binaries: ``const`` when every valid value is one (or all are null), ``dict``
+  on the same test, else ``zstd`` when a sample compresses >= 1.5x, else ``plain``
+  (which drops the offsets of equal-length values);
+- booleans: ``const`` when every valid value is one, else ``plain``;
 - float64 whose values are exact decimals of <= 6 digits (amounts, prices):
   ``scaled_float`` when the scaled integers fit in 4 bytes or fewer; other floats:
   ``zstd`` or ``plain`` on the same sample test;
@@ -25,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from arrangedb.codecs.base import binary_offset_dtype, int_storage_dtype, is_arrow
+from arrangedb.codecs.constant import constant_value
 from arrangedb.codecs.dictionary import code_bits
 from arrangedb.codecs.frame import for_plan, int_values
 from arrangedb.codecs.plain import encode_parts
@@ -110,10 +113,14 @@ def _choose_int(vals: np.ndarray, valid, numpy_input: bool) -> str:
 
 def _choose_binary(arr: pa.Array) -> str:
     n = len(arr)
+    if arr.null_count == n:
+        return "const"
     sample = arr.take(pa.array(sample_indices(n)))
     live = len(sample) - sample.null_count
     if live and _few_distinct(pc.count_distinct(sample).as_py(), live):
         exact = pc.count_distinct(arr).as_py()
+        if exact <= 1:
+            return "const"
         if exact <= n // 8 and exact <= MAX_DICT:
             return "dict"
     return "zstd" if compresses(arr) else "plain"
@@ -147,6 +154,8 @@ def choose_codec(values) -> str:
         return _choose_float(values)
     if pa.types.is_decimal(t):
         return "arrow_decimal"
+    if pa.types.is_boolean(t) and constant_value(values) is not None:
+        return "const"
     return "plain"
 
 

@@ -16,7 +16,7 @@ from arrangedb.codecs import (
     decodes_fresh, encode, segment_sums, take, take_dictionary,
 )
 
-NAMES = ["plain", "offsets", "dict", "for", "scaled_float", "arrow_decimal", "zstd"]
+NAMES = ["plain", "const", "offsets", "dict", "for", "scaled_float", "arrow_decimal", "zstd"]
 SETTINGS = settings(max_examples=200, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -53,7 +53,10 @@ def assert_same(out, values):
         assert isinstance(out, pa.Array)
         assert out.type == values.type
         assert out.null_count == values.null_count
-        assert out.equals(values), (out, values)
+        if pa.types.is_floating(values.type):   # NaN != NaN for equals(): bits below
+            assert out.is_valid().equals(values.is_valid())
+        else:
+            assert out.equals(values), (out, values)
         if pa.types.is_floating(values.type) and len(values):
             zero = pa.scalar(0, values.type)
             assert_same(out.fill_null(zero).to_numpy(), values.fill_null(zero).to_numpy())
@@ -501,7 +504,7 @@ def test_corrupt_contents_raise():
     stored[0][3] = 200  # a code past the 5-entry dictionary
     with pytest.raises(CodecError, match="out of range"):
         decode(enc.codec, enc.version, enc.meta, stored)
-    enc = encode(pa.array(["ab", "cd", "ef"]), "plain")
+    enc = encode(pa.array(["ab", "cde", "f"]), "plain")   # lengths differ: offsets kept
     stored = as_stored(enc.buffers)
     stored[0][4:8] = np.frombuffer(np.int32(9).tobytes(), np.uint8)  # offsets not monotone
     with pytest.raises(CodecError):
