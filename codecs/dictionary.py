@@ -9,6 +9,12 @@ what makes flag columns 8x+ smaller than Arrow's 4 offset bytes per row. Nulls s
 validity bitmap, with code 0 under them. Buffers: ``[validity?, codes, *dictionary's
 plain buffers]``.
 
+Entropy coding (version 2): the packed codes are compressed by zstd in blocks when that
+saves at least a fifth of them. zstd's Huffman stage is what brings a skewed column (a
+few values covering most rows) near its entropy: 17 Zipf-distributed values need 8-bit
+codes packed, ~2.5 bits compressed. The codes are decompressed whole at decode (one
+byte per row at most: a small fraction of the column's decoded bytes).
+
 Decoding gathers the dictionary by the codes: numpy ``take`` for fixed-width values, a
 fixed-stride numpy gather when every string of the dictionary has the same length (flags,
 status codes), Arrow's dictionary decode otherwise.
@@ -26,7 +32,13 @@ from arrangedb.codecs.base import (
     str_to_type, validity_of, view_as,
 )
 from arrangedb.codecs.parallel import both
-from arrangedb.codecs.plain import decode_parts, encode_parts
+from arrangedb.codecs.plain import decode_parts, encode_parts, plain_version
+from arrangedb.codecs.zstd_blocks import compress_blocks, decompress_blocks
+
+ENTROPY_MIN_BYTES = 4096      # below, a frame's header eats the saving
+ENTROPY_MAX_RATIO = 0.8       # compressed codes kept when at most 0.8x the packed ones
+ENTROPY_BLOCK = 256 << 10
+ENTROPY_LEVEL = 1             # random codes have no matches: Huffman does the work
 
 
 def dict_applies(values) -> bool:
@@ -90,8 +102,21 @@ def gather(items: np.ndarray, buf, bits: int, n: int, start: int, stop: int) -> 
     return out[skip:skip + stop - start]
 
 
+def entropy_code(codes: np.ndarray) -> tuple[object, dict | None]:
+    """The codes zstd-compressed with their block lists, when that saves enough; else the
+    codes as they are and None."""
+    if codes.nbytes < ENTROPY_MIN_BYTES:
+        return codes, None
+    comp, raw, offs = compress_blocks(codes, ENTROPY_BLOCK, ENTROPY_LEVEL)
+    if len(comp) > ENTROPY_MAX_RATIO * codes.nbytes:
+        return codes, None
+    return comp, {"raw": raw, "comp": offs}
+
+
 class Dictionary(Codec):
     name = "dict"
+    version = 2       # 2: codes may be zstd-compressed (``codes_zstd``)
+    versions = (1, 2)
 
     def encode(self, values, **options):
         if not dict_applies(values):
@@ -111,13 +136,16 @@ class Dictionary(Codec):
         if indices.null_count:
             indices = pc.fill_null(indices, 0)
         bits = code_bits(len(dictionary))
-        codes = pack_codes(indices.to_numpy(), bits)
+        codes, blocks = entropy_code(pack_codes(indices.to_numpy(), bits))
         if isinstance(values, np.ndarray):
             dictionary = dictionary.to_numpy().astype(values.dtype, copy=False)
         dmeta, dbufs = encode_parts(dictionary)
         meta.update(cardinality=len(dictionary), code_bits=bits, dict=dmeta)
+        if blocks is not None:
+            meta["codes_zstd"] = blocks
         buffers = ([validity] if validity is not None else []) + [codes] + dbufs
-        return Encoded(self.name, self.version, meta, buffers)
+        version = 2 if blocks is not None or plain_version(dmeta) > 1 else 1
+        return Encoded(self.name, version, meta, buffers)
 
     def decode(self, version, meta, buffers):
         return self.decode_range(version, meta, buffers, 0, None)
@@ -197,6 +225,12 @@ def _parts(meta: dict, buffers, n: int, start: int, stop: int):
     k = meta["cardinality"]
     check(meta["code_bits"] == code_bits(k), "code width does not fit the cardinality")
     codes_buf = buffers.pop(0)
+    blocks = meta.get("codes_zstd")
+    if blocks is not None:
+        packed = -(-n * meta["code_bits"] // 8)
+        check(isinstance(blocks, dict) and blocks.get("raw", [None])[-1] == packed,
+              "compressed dict codes do not match the length")
+        codes_buf = decompress_blocks(codes_buf, blocks["raw"], blocks["comp"])
     dictionary = decode_parts(meta["dict"], buffers)
     check(len(dictionary) == k, "dictionary length does not match the metadata")
     if arrow:
