@@ -249,6 +249,23 @@ class PageFile:
         return HEADER_SIZE + sum(r.length for r in self.regions.values()) + \
             self.size - directory_at
 
+    @property
+    def file_bytes(self) -> int:
+        """Bytes the file occupies: header, regions, directory, and the padding between
+        them -- the 64-byte alignment gaps, and of a page or folio alignment gap the part
+        that shares a page with the region before it. The rest of such a gap is a hole:
+        no disk, no page cache (``du`` does not count it either)."""
+        extents = sorted((r.offset, r.offset + r.length) for r in self.regions.values())
+        directory_at = _align(max((end for _, end in extents), default=HEADER_SIZE))
+        extents.append((directory_at, self.size))
+        total, pos = HEADER_SIZE, HEADER_SIZE
+        for start, end in extents:
+            gap = start - pos
+            total += gap if gap <= ALIGN else min(gap, _align(pos, PAGE) - pos)
+            total += end - start
+            pos = max(pos, end)
+        return total
+
     @classmethod
     def open(cls, path, budget=None) -> "PageFile":
         path = os.fspath(path)

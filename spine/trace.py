@@ -272,6 +272,7 @@ class Trace:
         updates = sum(len(b) for b in batches)
         payload = sum(b.payload_bytes for b in batches)
         stored = sum(b.stored_bytes for b in batches)
+        occupied = sum(b.file_bytes for b in batches)
         budget = self.ctx.budget
         return {
             "updates": updates,
@@ -283,7 +284,10 @@ class Trace:
             "bytes_on_disk": sum(b.bytes_on_disk for b in batches),
             "payload_bytes": payload,
             "stored_bytes": stored,
-            "overhead_bytes_per_update": (stored - payload) / updates if updates else 0.0,
+            "file_bytes": occupied,
+            # everything beyond the payload: bounds, times, offsets, file structure
+            "overhead_bytes_per_update": (occupied - payload) / updates if updates else 0.0,
+            "buffer_overhead_bytes_per_update": (stored - payload) / updates if updates else 0.0,
             "peak_rss_bytes": budget.peak_rss if budget is not None else 0,
             "since": self.spine.since,
             "merges_in_progress": sum(1 for lvl in self.spine.levels

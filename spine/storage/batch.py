@@ -88,6 +88,12 @@ class Batch:
         return self.pagefile.data_bytes if self.pagefile is not None else 0
 
     @property
+    def file_bytes(self) -> int:
+        """Every byte the batch occupies: its page file whole (header, directory, codec
+        metadata, padding), or its encoded buffers while it has no file."""
+        return self.pagefile.file_bytes if self.pagefile is not None else self.stored_bytes
+
+    @property
     def bytes_in_memory(self) -> int:
         return 0 if self.pagefile is not None else self.stored_bytes
 
