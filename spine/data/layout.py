@@ -21,6 +21,9 @@ bound repeats (``bounds[i + 1] == bounds[i]``), meaning "reuse the update before
 snapshot of distinct rows therefore stores a single ``(0, +1)`` and a bounds list
 ``0, 1, 1, ..., 1``, which the offsets codec keeps in O(1) bytes.
 
+Bounds are ``uint32`` while the count they index fits (every part's do), ``uint64``
+beyond: never 8 bytes an entry where 4 do, in memory as in the page files.
+
 Invariants
 ----------
 - Offset lists are one longer than their parent, start at 0, and are non-decreasing.
@@ -55,12 +58,18 @@ class PartLayout:
         return int(_expanded_counts(leaves).sum())
 
 
+def bounds_dtype(top: int) -> np.dtype:
+    """The dtype of a bounds list whose largest entry is ``top``: u32 while it fits."""
+    return np.dtype(np.uint32 if top < 2**32 else np.uint64)
+
+
 def _compress_singletons(starts: np.ndarray, n: int, times: np.ndarray,
                          diffs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Bounds for leaves starting at ``starts`` (into n updates), and which updates to keep."""
+    dt = bounds_dtype(n)
     if len(starts) == n and n and all_equal(times) and all_equal(diffs):
         # a snapshot of distinct rows (the common merged batch): one stored (time, diff)
-        bounds = np.ones(n + 1, dtype=np.uint64)
+        bounds = np.ones(n + 1, dtype=dt)
         bounds[0] = 0
         keep = np.zeros(n, dtype=bool)
         keep[0] = True
@@ -77,12 +86,12 @@ def _compress_singletons(starts: np.ndarray, n: int, times: np.ndarray,
         # retractions and insertions): bounds 0, 1, 2, ... store as a stride, in no
         # bytes, where dropping the repeats would cost a bound per leaf (the offsets
         # codec stores long runs of a repeated bound in O(1), short ones at 4 bytes)
-        return np.arange(n + 1, dtype=np.uint64), np.ones(n, dtype=bool)
+        return np.arange(n + 1, dtype=dt), np.ones(n, dtype=bool)
     keep = np.ones(n, dtype=bool)
     keep[starts[same_as_prev]] = False
     stored = np.where(same_as_prev, 0, counts)
-    bounds = np.zeros(len(starts) + 1, dtype=np.uint64)
-    np.cumsum(stored, out=bounds[1:])
+    bounds = np.zeros(len(starts) + 1, dtype=dt)
+    np.cumsum(stored, dtype=dt, out=bounds[1:])
     return bounds, keep
 
 
@@ -106,7 +115,7 @@ def to_layout(upd: Updates, kstarts: np.ndarray | None = None) -> PartLayout:
     else:
         vstarts, leaf_of = _union_starts(kstarts, sorted_row_starts(upd.vals), n)
     bounds, keep = _compress_singletons(vstarts, n, upd.times, upd.diffs)
-    key_bounds = np.append(leaf_of[kstarts], len(vstarts)).astype(np.uint64)
+    key_bounds = np.append(leaf_of[kstarts], len(vstarts)).astype(bounds_dtype(len(vstarts)))
     keys = upd.keys.take(kstarts) if len(kstarts) != n else upd.keys
     vals = upd.vals.take(vstarts) if len(vstarts) != n else upd.vals
     return PartLayout(keys, key_bounds, vals, bounds, upd.times[keep], upd.diffs[keep])
