@@ -131,7 +131,7 @@ class Offsets(Codec):
             out = np.empty(stop - start, dt)
             mid = min(max(cut, start), stop) - start     # where the tail begins in out
             out[:mid] = head[start:start + mid]
-            out[mid:] = tail[max(start - cut, 0):stop - cut]
+            out[mid:] = tail[max(start - cut, 0):max(stop - cut, 0)]
             return out
         expect_buffers(buffers, 0)
         if form == "const":

@@ -838,3 +838,209 @@ def test_segment_sums_refuse_bad_starts_and_decline_other_codecs():
         other = encode(np.arange(10, dtype=np.int64) % 3, codec)
         assert segment_sums(other.codec, other.version, other.meta, other.buffers,
                             np.array([0, 4])) is None
+
+
+# -- the seeds' layout: nothing paid twice (issue 26) --------------------------------------
+
+LAYOUT_SETTINGS = settings(max_examples=60, deadline=None,
+                           suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def crossing_offsets(draw, max_size=300):
+    """Monotone u64 lists that cross 2**32 anywhere (first, last, nowhere), with entries
+    right at 2**32 - 1 and 2**32."""
+    n = draw(st.integers(0, max_size))
+    cut = draw(st.integers(0, n))
+    head = np.sort(np.array(draw(st.lists(st.sampled_from([0, 1, 2**31, 2**32 - 1]) |
+                                          st.integers(0, 2**32 - 1), min_size=cut,
+                                          max_size=cut)), np.uint64))
+    tail = np.sort(np.array(draw(st.lists(st.sampled_from([2**32, 2**32 + 1, 2**64 - 1]) |
+                                          st.integers(2**32, 2**64 - 1), min_size=n - cut,
+                                          max_size=n - cut)), np.uint64))
+    return np.concatenate([head, tail]).astype(np.uint64)
+
+
+@LAYOUT_SETTINGS
+@given(values=crossing_offsets(), data=st.data())
+def test_offsets_crossing_two_to_the_32_round_trip(values, data):
+    enc, meta, _ = roundtrip(values, "offsets")
+    stored = as_stored(enc.buffers)
+    n = len(values)
+    a = data.draw(st.integers(0, n))
+    b = data.draw(st.integers(a, n))
+    assert np.array_equal(decode_range(enc.codec, enc.version, meta, stored, a, b), values[a:b])
+    rows = np.array(data.draw(st.lists(st.integers(0, max(n - 1, 0)), max_size=20 if n else 0)),
+                    np.int64)
+    assert np.array_equal(take(enc.codec, enc.version, meta, stored, rows), values[rows])
+    if meta["form"] == "split":      # u32 before the crossing, u64 after it
+        cut = int(np.searchsorted(values, np.uint64(2**32)))
+        assert meta["cut"] == cut > 0 and enc.version == 2
+        assert enc.nbytes == 4 * cut + 8 * (n - cut)
+
+
+def test_offsets_split_size():
+    """The issue's measure: 1,002 values, one >= 2**32, took 8,016 B; now 4 B an entry
+    but the last's 8 -- and decode to u64 as before, version 1 encodings untouched."""
+    gaps = np.random.default_rng(2).integers(0, 9, 1002).astype(np.uint64)
+    values = np.cumsum(gaps) - gaps[0]
+    values[-1] = 2**32 + 5
+    enc = encode(values, "offsets")
+    assert (enc.meta["form"], enc.version, enc.nbytes) == ("split", 2, 1001 * 4 + 8)
+    assert encode(values[:-1], "offsets").version == 1
+    with pytest.raises(CodecError, match="version 2"):
+        decode("offsets", 1, enc.meta, as_stored(enc.buffers))
+
+
+@st.composite
+def equal_length_strings(draw, max_size=200):
+    """Strings/binaries of one length (0 included), nulls as empty or as full slots."""
+    t = draw(st.sampled_from([pa.binary(), pa.string(), pa.large_binary(), pa.large_string()]))
+    width = draw(st.sampled_from([0, 1, 7, 12, 16]))
+    n = draw(st.integers(0, max_size))
+    alphabet = st.sampled_from("abcxyz09")
+    item = (st.text(alphabet, min_size=width, max_size=width) if pa.types.is_string(t)
+            or pa.types.is_large_string(t) else st.binary(min_size=width, max_size=width))
+    values = draw(st.lists(item, min_size=n, max_size=n))
+    nulls = draw(st.sampled_from(["none", "empty", "full"]))
+    if nulls != "none" and n:
+        mask = np.array(draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+        arr = pa.array(values, t)
+        if nulls == "empty":
+            arr = pa.array([None if m else v for v, m in zip(values, mask)], t)
+        else:   # null slots keep their bytes: only the bitmap says null
+            bitmap = pa.array(~mask).buffers()[1]
+            arr = pa.Array.from_buffers(t, n, [bitmap] + arr.buffers()[1:], null_count=-1)
+    else:
+        arr = pa.array(values, t)
+    if len(arr) > 2 and draw(st.booleans()):
+        arr = arr.slice(1, len(arr) - 2)
+    return arr
+
+
+@LAYOUT_SETTINGS
+@given(values=equal_length_strings(), codec=st.sampled_from(["plain", "zstd", "auto"]),
+       how=st.sampled_from(["numpy", "memoryview"]))
+def test_equal_length_strings_drop_their_offsets(values, codec, how):
+    enc, meta, _ = roundtrip(values, codec, how)
+    if enc.codec == "plain":
+        assert meta["layout"] == "stride" and enc.version == 2
+        data = sum(len(v) for v in values.to_pylist() if v is not None)
+        bitmap = (len(values) + 7) // 8 if values.null_count else 0
+        assert enc.nbytes <= data + bitmap + (meta["width"] * values.null_count)
+    if enc.codec == "zstd":
+        assert meta["plain"]["layout"] == "stride" and enc.version == 2
+
+
+def test_equal_length_keys_cost_their_bytes():
+    """100k random 12-byte values took 1,600,004 B (400 KB of offsets); now 1,200,000."""
+    n = 100_000
+    rng = np.random.default_rng(3)
+    arr = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(
+        np.arange(0, (n + 1) * 12, 12, dtype=np.int32)), pa.py_buffer(rng.bytes(12 * n))])
+    enc = encode(arr)
+    assert (enc.codec, enc.meta["layout"], enc.nbytes) == ("plain", "stride", 12 * n)
+    varied = pa.array(["a", "bb", "a"])
+    assert encode(varied, "plain").meta["layout"] == "flat"
+
+
+@st.composite
+def constant_arrays(draw, max_size=300):
+    """One value (or none) repeated, any flat type, nulls anywhere; numpy too."""
+    kind = draw(st.sampled_from(list(ARROW_TYPES) + ["float-bits", "numpy"]))
+    n = draw(st.integers(1, max_size))
+    if kind == "numpy":
+        dt = draw(st.sampled_from([np.int8, np.uint64, np.float32, np.float64]))
+        value = draw(st.sampled_from([0, 1, -1, 7]))
+        return np.full(n, value).astype(dt)
+    if kind == "float-bits":
+        t, value = pa.float64(), draw(st.sampled_from([-0.0, float("nan"), 1e300]))
+    else:
+        t, elems = ARROW_TYPES[kind]
+        value = draw(elems)
+    nulls = draw(st.sampled_from(["none", "some", "all"]))
+    mask = [nulls == "all" or (nulls == "some" and draw(st.booleans())) for _ in range(n)]
+    values = [None if m else value for m in mask]
+    if pa.types.is_timestamp(t):
+        return pa.array(values, pa.int64()).cast(t)
+    return pa.array(values, t)
+
+
+@LAYOUT_SETTINGS
+@given(values=constant_arrays(), how=st.sampled_from(["numpy", "memoryview"]),
+       data=st.data())
+def test_constant_columns_cost_their_value(values, how, data):
+    enc, meta, _ = roundtrip(values, "const", how)
+    assert enc.codec == "const"
+    n = len(values)
+    nulls = 0 if isinstance(values, np.ndarray) else values.null_count
+    bitmap = (n + 7) // 8 if 0 < nulls < n else 0
+    assert enc.nbytes <= bitmap + 16 + (12 * 4 if not isinstance(values, np.ndarray) else 0)
+    a = data.draw(st.integers(0, n))
+    b = data.draw(st.integers(a, n))
+    got = decode_range(enc.codec, enc.version, meta, as_stored(enc.buffers, how), a, b)
+    want = values[a:b]
+    assert_same(got, want if isinstance(values, np.ndarray) else pa.concat_arrays([want]))
+    if not isinstance(values, np.ndarray) and n >= 64 and not pa.types.is_integer(values.type) \
+            and not pa.types.is_floating(values.type) and not pa.types.is_temporal(values.type):
+        assert choose_codec(values) == "const"   # strings and flags, chosen automatically
+
+
+def test_const_refuses_two_values_and_costs_nothing_for_a_constant_string():
+    assert encode(pa.array(["a", "b"] * 50), "const").codec != "const"
+    assert encode(np.array([0.0, -0.0] * 50), "const").codec != "const"   # bits differ
+    enc = encode(pa.array(["constant"] * 100_000))
+    assert (enc.codec, enc.nbytes) == ("const", 8)      # was n/8 bytes of 1-bit codes
+    enc = encode(pa.array([True] * 100_000))
+    assert (enc.codec, enc.nbytes) == ("const", 1)      # was stored plain
+    assert encode(pa.nulls(1000, pa.string())).nbytes == 0
+
+
+def zipf_column(n: int, k: int = 17, a: float = 1.2, seed: int = 5, nulls: bool = False):
+    """``n`` strings of ``k`` values (lengths differ) drawn Zipf(a): a few cover most rows."""
+    rng = np.random.default_rng(seed)
+    z = rng.zipf(a, 4 * n + 64)
+    z = z[z <= k][:n] - 1
+    pool = pa.array([f"value-{i:02d}" if i % 3 else f"v{i}" for i in range(k)])
+    col = pool.take(pa.array(z))
+    if nulls:
+        col = pa.array(col.to_pylist(), mask=rng.random(n) < 0.1)
+    return col
+
+
+@LAYOUT_SETTINGS
+@given(n=st.integers(0, 40_000), k=st.sampled_from([2, 5, 17, 300]), nulls=st.booleans(),
+       data=st.data())
+def test_entropy_coded_dict_codes_round_trip(n, k, nulls, data):
+    values = zipf_column(n, k, nulls=nulls, seed=n)
+    enc, meta, _ = roundtrip(values, "dict")
+    if "codes_zstd" in meta:
+        assert enc.version == 2
+    stored = as_stored(enc.buffers)
+    rows = np.array(data.draw(st.lists(st.integers(0, max(n - 1, 0)), max_size=30 if n else 0)),
+                    np.int64)
+    assert take(enc.codec, enc.version, meta, stored, rows).equals(values.take(pa.array(rows)))
+    if enc.codec != "dict":
+        return
+    coded = decode_dictionary(enc.codec, enc.version, meta, stored)
+    assert coded.dictionary_decode().equals(values)
+    assert take_dictionary(enc.codec, enc.version, meta, stored, rows).dictionary_decode() \
+        .equals(values.take(pa.array(rows)))
+
+
+def test_skewed_dict_codes_are_entropy_coded():
+    """17 Zipf(1.2) values need 8-bit codes: 1 byte a row packed, ~0.4 entropy-coded."""
+    n = 400_000
+    values = zipf_column(n)
+    enc = encode(values)
+    assert enc.codec == "dict" and enc.meta["code_bits"] == 8 and "codes_zstd" in enc.meta
+    assert enc.nbytes <= 0.6 * n
+    uniform = pa.array(np.random.default_rng(1).integers(0, 251, n)).cast(pa.string())
+    # no skew (and no pattern), no saving: codes stored packed, as before
+    enc = encode(uniform, "dict")
+    assert "codes_zstd" not in enc.meta and enc.version == 1
+    stored = as_stored(encode(values).buffers)
+    stored_meta = encode(values).meta
+    stored[0][:] ^= 0x55      # corrupt compressed codes are a CodecError
+    with pytest.raises(CodecError):
+        decode("dict", 2, stored_meta, stored)

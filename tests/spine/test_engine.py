@@ -81,6 +81,22 @@ def test_pages_are_on_disk_and_stats_add_up(engine):
     assert engine.stats()["bytes_spilled"] >= s["bytes_on_disk"]
 
 
+def test_overhead_counts_every_byte_of_the_files(engine):
+    """The 8,220-byte file of a 3-row trace reported 64 bytes stored: the directory,
+    codec metadata and padding were left out. Now every byte beyond the payload counts."""
+    trace = engine.arrange(pa.table({"k": [1, 2, 3], "v": ["a", "b", "c"]}), key=["k"],
+                           vals=["v"])
+    trace.merge_all()
+    s = trace.stats()
+    (batch,) = trace.spine.batches()
+    size = os.stat(batch.pagefile.path).st_size
+    assert s["file_bytes"] == batch.pagefile.file_bytes
+    assert batch.pagefile.data_bytes <= s["file_bytes"] <= size   # holes aside, all of it
+    assert s["file_bytes"] > 4 * s["stored_bytes"]                # mostly directory here
+    assert s["overhead_bytes_per_update"] == (s["file_bytes"] - s["payload_bytes"]) / 3
+    assert s["buffer_overhead_bytes_per_update"] == (s["stored_bytes"] - s["payload_bytes"]) / 3
+
+
 def test_insert_time_and_diff_columns_and_reads_at_times(engine):
     base = pa.table({"k": [1, 2, 3], "v": ["a", "b", "c"]})
     trace = engine.arrange(base, key=["k"], vals=["v"])

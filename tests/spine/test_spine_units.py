@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from arrangedb.spine.storage.context import StorageContext
 from arrangedb.spine.data.ingest import Columns, SchemaError, open_batches, target_schemas
 from arrangedb.spine.data.kernels import consolidate
-from arrangedb.spine.data.layout import from_layout, to_layout
+from arrangedb.spine.data.layout import bounds_dtype, from_layout, to_layout
 from arrangedb.spine.data.codes import codes
 from arrangedb.spine.data.order import PARALLEL_SORT_FROM, fast_argsort, sort_rows
 from arrangedb.spine.build.levels import level_of
@@ -213,6 +213,8 @@ def test_layout_round_trip(rows, key_only):
     if not key_only:
         assert back.vals.equals(c.vals)
     assert layout.key_bounds[0] == 0 and len(layout.key_bounds) == layout.keys.num_rows + 1
+    for bounds in (layout.key_bounds, layout.val_bounds):   # u32: a part's counts fit
+        assert bounds is None or bounds.dtype == np.uint32
 
 
 def test_snapshot_layout_is_singleton_compressed_and_stride_bounds():
@@ -222,6 +224,11 @@ def test_snapshot_layout_is_singleton_compressed_and_stride_bounds():
     layout = to_layout(consolidate(upd))
     assert layout.times.tolist() == [0] and layout.diffs.tolist() == [1]
     assert (np.diff(layout.key_bounds.astype(np.int64)) == 1).all()  # stride 1: O(1) stored
+
+
+def test_bounds_widen_only_past_two_to_the_32():
+    assert bounds_dtype(0) == np.uint32 and bounds_dtype(2**32 - 1) == np.uint32
+    assert bounds_dtype(2**32) == np.uint64
 
 
 def test_a_delta_of_single_updates_keeps_stride_bounds():
