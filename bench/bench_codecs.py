@@ -13,11 +13,32 @@ sizes (numpy: ``nbytes``); MB/s are raw bytes per second (best of the rounds). T
 decode of plain, dict, scaled_float and stride offsets >= 2 GB/s; zstd blocks >= 500 MB/s.
 
 Scale: ``ARRANGEDB_BENCH_SCALE=full`` (4M rows) or anything else (50k rows, smoke).
+
+The layout benchmarks (``test_layout_*``, 10M rows at full scale, 50k at smoke) measure
+the bytes of whole saved traces or page files, everything included, against the
+payload (key and val values in Arrow's plain layout, without offsets):
+
+- an offset list of 10M increasing entries whose last 10% exceed 2**32: <= 4.5 bytes
+  an entry (a u32 prefix and a u64 tail);
+- 10M random equal-length 12-byte keys, key-only, saved: the files' bytes <= payload
+  + 1% (at smoke size, + 1% + 16 KiB: a saved directory's few small files);
+- 10M rows keyed 0..N-1 with a constant string val, saved: < 256 KiB in all;
+- a 17-value string val drawn Zipf(1.2), 10M rows keyed 0..N-1, saved: <= 0.6x the
+  same trace saved with its dict codes packed but not entropy-coded;
+- structure overhead with value codecs off (``codec="plain"``): the orders arrangement
+  of bench/compare.py (orders by customer_id, vals [amount], ~10 orders a customer)
+  <= 2 bytes per update beyond the payload; a snapshot of 10M unique int64 keys with
+  one int64 val <= 0.5 (``stats()["overhead_bytes_per_update"]``, every byte of the
+  page files counted).
+
+Saved bytes are the blocks the files occupy (``st_blocks``: what ``du`` shows); the
+apparent sizes (holes of page-aligned regions included) are printed beside them.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import time
 
 import numpy as np
@@ -234,3 +255,139 @@ def test_orders_arrangement_codecs_on_vs_off(benchmark, tmp_path):
           f"with codecs off, {out['on']['stored_per_update']:.1f} with codecs on "
           f"({ratio:.2f}x)")
     assert ratio <= 0.5
+
+
+# -- the seeds' layout, whole files counted --------------------------------------------------
+
+LAYOUT_ROWS = 10_000_000 if FULL else 50_000
+SMOKE_SLACK = 0 if FULL else 16 << 10   # a saved directory's small files, at smoke size
+
+
+def _dir_bytes(path) -> tuple[int, int]:
+    """(bytes the files occupy on disk, their apparent sizes) of a directory."""
+    occupied = apparent = 0
+    for name in os.listdir(path):
+        st = os.stat(os.path.join(path, name))
+        occupied += st.st_blocks * 512
+        apparent += st.st_size
+    return occupied, apparent
+
+
+def _saved(tmp, table, codec: str = "auto", **kwargs) -> dict:
+    """Arrange ``table``, merge it to one batch, save it; the trace's stats and the saved
+    directory's bytes."""
+    from arrangedb import Engine
+
+    spill, saved = os.path.join(tmp, "spill"), os.path.join(tmp, "saved")
+    with Engine(spill_dir=spill, memory_budget="2GiB", codec=codec) as engine:
+        t = engine.arrange(table, **kwargs)
+        t.merge_all()
+        stats = t.stats()
+        t.save(saved)
+    occupied, apparent = _dir_bytes(saved)
+    shutil.rmtree(tmp)
+    return dict(stats, saved_bytes=occupied, saved_apparent_bytes=apparent)
+
+
+def _layout_report(benchmark, name: str, out: dict, **extra):
+    row = {k: out[k] for k in ("payload_bytes", "file_bytes", "saved_bytes",
+                               "saved_apparent_bytes", "overhead_bytes_per_update",
+                               "buffer_overhead_bytes_per_update") if k in out}
+    row.update(extra)
+    benchmark.extra_info.update(row)
+    print(f"\n{name}, {LAYOUT_ROWS:,} rows: " + ", ".join(
+        f"{k} {v:,.3f}" if isinstance(v, float) else f"{k} {v:,}" for k, v in row.items()))
+
+
+def test_layout_offsets_crossing_two_to_the_32(benchmark):
+    n = LAYOUT_ROWS
+    rng = np.random.default_rng(11)
+    gaps = rng.integers(0, 256, n).astype(np.uint64)   # 90% of 10M stays below 2**32
+    values = np.cumsum(gaps) - gaps[0]
+    values[-(n // 10):] += np.uint64(2**32)     # the last 10% past 2**32
+    enc = encode(values)
+    pages = as_pages(enc.buffers)
+    out = benchmark.pedantic(lambda: decode(enc.codec, enc.version, enc.meta, pages),
+                             rounds=DECODE_ROUNDS, iterations=1)
+    assert same(out, values)
+    per_entry = enc.nbytes / n
+    t_dec, _ = best_of(lambda: decode(enc.codec, enc.version, enc.meta, pages), DECODE_ROUNDS)
+    benchmark.extra_info.update({"bytes_per_entry": per_entry,
+                                 "decode_mbs": values.nbytes / t_dec / 1e6})
+    print(f"\noffsets crossing 2^32, {n:,} entries: {enc.meta['form']}, "
+          f"{per_entry:.3f} B/entry, decode {values.nbytes / t_dec / 1e6:,.0f} MB/s")
+    assert enc.meta["form"] == "split" and per_entry <= 4.5
+
+
+def test_layout_equal_length_keys(benchmark, tmp_path):
+    n = LAYOUT_ROWS
+    rng = np.random.default_rng(12)
+    keys = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(
+        np.arange(0, (n + 1) * 12, 12, dtype=np.int32)), pa.py_buffer(rng.bytes(12 * n))])
+    out = {}
+    benchmark.pedantic(lambda: out.update(_saved(tmp_path / "k", pa.table({"k": keys}),
+                                                 key=["k"])), rounds=1, iterations=1)
+    ratio = out["saved_bytes"] / out["payload_bytes"]
+    _layout_report(benchmark, "12-byte keys, key-only, saved", out, saved_over_payload=ratio)
+    assert out["saved_bytes"] <= 1.01 * out["payload_bytes"] + SMOKE_SLACK
+
+
+def test_layout_constant_string_val(benchmark, tmp_path):
+    n = LAYOUT_ROWS
+    table = pa.table({"k": np.arange(n, dtype=np.int64),
+                      "v": pa.array(["constant"]).take(pa.array(np.zeros(n, np.int64)))})
+    out = {}
+    benchmark.pedantic(lambda: out.update(_saved(tmp_path / "c", table, key=["k"],
+                                                 vals=["v"])), rounds=1, iterations=1)
+    _layout_report(benchmark, "constant string val, saved", out)
+    assert out["saved_bytes"] < 256 << 10
+
+
+def test_layout_skewed_dictionary(benchmark, tmp_path, monkeypatch):
+    from arrangedb.codecs import dictionary
+
+    n = LAYOUT_ROWS
+    rng = np.random.default_rng(13)
+    z = rng.zipf(1.2, 4 * n)
+    z = z[z <= 17][:n] - 1
+    pool = pa.array([f"value-{i:02d}" if i % 3 else f"v{i}" for i in range(17)])
+    table = pa.table({"k": np.arange(n, dtype=np.int64), "v": pool.take(pa.array(z))})
+    out = {}
+
+    def run():
+        out["coded"] = _saved(tmp_path / "z1", table, key=["k"], vals=["v"])
+        with monkeypatch.context() as m:     # the codes packed, not entropy-coded
+            m.setattr(dictionary, "ENTROPY_MAX_RATIO", 0.0)
+            out["packed"] = _saved(tmp_path / "z2", table, key=["k"], vals=["v"])
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    coded, packed = out["coded"]["saved_bytes"], out["packed"]["saved_bytes"]
+    _layout_report(benchmark, "Zipf(1.2) 17-value string val, saved", out["coded"],
+                   packed_saved_bytes=packed, coded_over_packed=coded / packed)
+    assert coded <= 0.6 * packed + SMOKE_SLACK
+
+
+def _compare_orders(tmp, n: int) -> pa.Table:
+    """bench/compare.py's orders at ``n`` rows (its generator, its seed; 10 a customer)."""
+    import pyarrow.parquet as pq
+
+    from arrangedb.tools.datagen import ORDERS_PER_SCALE, generate
+
+    paths = generate(tmp, scale=n / ORDERS_PER_SCALE)
+    return pq.read_table(paths["orders"], columns=["customer_id", "amount"])
+
+
+@pytest.mark.parametrize("shape", ["orders", "snapshot_unique_int"])
+def test_layout_structure_overhead_codecs_off(benchmark, tmp_path, shape):
+    n = LAYOUT_ROWS
+    if shape == "orders":
+        table, kwargs, target = _compare_orders(tmp_path / "data", n), \
+            dict(key=["customer_id"], vals=["amount"]), 2.0
+    else:
+        rng = np.random.default_rng(14)
+        table = pa.table({"k": np.arange(n, dtype=np.int64), "v": rng.integers(0, 1 << 62, n)})
+        kwargs, target = dict(key=["k"], vals=["v"]), 0.5
+    out = {}
+    benchmark.pedantic(lambda: out.update(_saved(tmp_path / "o", table, "plain", **kwargs)),
+                       rounds=1, iterations=1)
+    _layout_report(benchmark, f"{shape}, codecs off", out)
+    assert out["overhead_bytes_per_update"] <= target
