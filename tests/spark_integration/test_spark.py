@@ -177,8 +177,8 @@ def test_separate_executor_processes(tmp_path):
         spark = local_session("local-cluster[2,1,1024]", memory_budget="48MiB",
                               extra={"spark.local.dir": os.environ["LOCAL_DIR"],
                                      "spark.executor.memory": "512m"})
-        a = spark.range(0, 200_000, 1, 4).selectExpr("id % 5000 as k", "id as v")
-        b = spark.range(0, 6000, 1, 2).selectExpr("id as k", "id % 7 as r")
+        a = spark.range(0, 40_000, 1, 4).selectExpr("id % 1000 as k", "id as v")
+        b = spark.range(0, 1200, 1, 2).selectExpr("id as k", "id % 7 as r")
         j = snapshot_join(a, b, "k", num_partitions=4)
         got = Counter(map(tuple, j.collect()))
         want = Counter(map(tuple, a.join(b, "k").collect()))
@@ -193,7 +193,7 @@ def test_separate_executor_processes(tmp_path):
                          timeout=600, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])
-    assert r["equal"] and r["rows"] == 200_000 and r["groups"] == 7
+    assert r["equal"] and r["rows"] == 40_000 and r["groups"] == 7
     m = r["metrics"]
     assert m["max_task_budget_bytes"] == 48 << 20     # one core per executor: one slot
     # the sizing rule of docs/SPARK.md, on the whole worker process
