@@ -37,7 +37,7 @@ from arrangedb.codecs.zstd_blocks import compress_blocks, decompress_blocks
 
 ENTROPY_MIN_BYTES = 4096      # below, a frame's header eats the saving
 ENTROPY_MAX_RATIO = 0.8       # compressed codes kept when at most 0.8x the packed ones
-ENTROPY_BLOCK = 256 << 10
+ENTROPY_BLOCK = 64 << 10      # from 16 blocks (1 MiB of codes) up, two threads decompress
 ENTROPY_LEVEL = 1             # random codes have no matches: Huffman does the work
 
 
