@@ -25,7 +25,7 @@ from arrangedb.codecs.base import (
     is_arrow, meta_dtype, meta_length, normalize_arrow, numpy_meta, pop_validity, register,
     str_to_type, valid_mask, validity_of,
 )
-from arrangedb.codecs.plain import _flat_kind, decode_parts, encode_parts
+from arrangedb.codecs.plain import flat_kind, decode_parts, encode_parts
 
 
 def _same_bytes(rows: np.ndarray) -> bool:
@@ -46,7 +46,7 @@ def constant_value(values):
     if not is_arrow(values):
         return None
     arr = normalize_arrow(values)
-    kind = _flat_kind(arr.type)
+    kind = flat_kind(arr.type)
     if kind is None:
         return None
     if arr.null_count == n:
@@ -104,7 +104,7 @@ class Constant(Codec):
             return np.repeat(value, stop - start)
         check(meta["kind"] == "arrow", f"unknown kind {meta.get('kind')!r}")
         t = str_to_type(meta["type"])
-        check(_flat_kind(t) is not None, f"type {t} cannot be stored const")
+        check(flat_kind(t) is not None, f"type {t} cannot be stored const")
         if meta["all_null"]:
             expect_buffers(buffers, 0)
             return pa.nulls(stop - start, t)

@@ -27,7 +27,7 @@ from arrangedb.codecs.base import (
 )
 
 
-def _flat_kind(t: pa.DataType):
+def flat_kind(t: pa.DataType):
     """'bool', 'fixed', 'binary' or None (stored through IPC)."""
     if pa.types.is_boolean(t):
         return "bool"
@@ -54,7 +54,7 @@ def encode_parts(values) -> tuple[dict, list]:
     arr = normalize_arrow(values)
     meta = arrow_meta(arr)
     n = len(arr)
-    kind = _flat_kind(arr.type)
+    kind = flat_kind(arr.type)
     if kind is None:
         return _encode_ipc(arr, meta)
     validity = validity_of(arr)
@@ -139,7 +139,7 @@ def decode_parts(meta: dict, buffers: list):
     if meta["layout"] == "stride":
         return _decode_stride(t, n, meta, buffers)
     check(meta["layout"] == "flat", f"unknown layout {meta.get('layout')!r}")
-    kind = _flat_kind(t)
+    kind = flat_kind(t)
     check(kind is not None, f"type {t} cannot have a flat layout")
     has_validity = bool(meta["validity"])
     expect_buffers(buffers, has_validity + (2 if kind == "binary" else 1))

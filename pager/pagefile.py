@@ -60,6 +60,7 @@ import pyarrow as pa
 from arrangedb.pager.checksum import checksum64, wsum64
 from arrangedb.pager.diskio import disk
 from arrangedb.pager.errors import PageFileError, SpillError
+from arrangedb.pager.extents import occupied_bytes, written_bytes
 from arrangedb.pager.mapped_regions import MappedRegions
 from arrangedb.pager.sizes import format_size
 
@@ -242,29 +243,12 @@ class PageFile:
         self._ref = weakref.ref(self)
 
     @property
-    def data_bytes(self) -> int:
-        """Bytes written to make this file: header, regions, directory (not the holes)."""
-        directory_at = _align(max((r.offset + r.length for r in self.regions.values()),
-                                  default=HEADER_SIZE))
-        return HEADER_SIZE + sum(r.length for r in self.regions.values()) + \
-            self.size - directory_at
+    def data_bytes(self) -> int:   # header, regions, directory: the bytes written
+        return written_bytes(self.size, self.regions.values(), HEADER_SIZE, ALIGN)
 
     @property
-    def file_bytes(self) -> int:
-        """Bytes the file occupies: header, regions, directory, and the padding between
-        them -- the 64-byte alignment gaps, and of a page or folio alignment gap the part
-        that shares a page with the region before it. The rest of such a gap is a hole:
-        no disk, no page cache (``du`` does not count it either)."""
-        extents = sorted((r.offset, r.offset + r.length) for r in self.regions.values())
-        directory_at = _align(max((end for _, end in extents), default=HEADER_SIZE))
-        extents.append((directory_at, self.size))
-        total, pos = HEADER_SIZE, HEADER_SIZE
-        for start, end in extents:
-            gap = start - pos
-            total += gap if gap <= ALIGN else min(gap, _align(pos, PAGE) - pos)
-            total += end - start
-            pos = max(pos, end)
-        return total
+    def file_bytes(self) -> int:   # and the padding, not the holes: what ``du`` counts
+        return occupied_bytes(self.size, self.regions.values(), HEADER_SIZE, PAGE)
 
     @classmethod
     def open(cls, path, budget=None) -> "PageFile":

@@ -39,7 +39,7 @@ from arrangedb.spine.data import roles
 from arrangedb.spine.data.ingest import Columns
 from arrangedb.spine.read.cursor import blocks
 from arrangedb.spine.read.lookup import lookup
-from arrangedb.spine.storage.batch import Batch
+from arrangedb.spine.storage.batch import Batch, byte_stats
 from arrangedb.spine.storage.context import StorageContext
 
 DURABLE_RESIDENT_UPDATES = 1 << 16
@@ -270,9 +270,6 @@ class Trace:
     def stats(self) -> dict:
         batches = self.spine.batches()
         updates = sum(len(b) for b in batches)
-        payload = sum(b.payload_bytes for b in batches)
-        stored = sum(b.stored_bytes for b in batches)
-        occupied = sum(b.file_bytes for b in batches)
         budget = self.ctx.budget
         return {
             "updates": updates,
@@ -282,12 +279,7 @@ class Trace:
             "parts": sum(len(b.parts) for b in batches),
             "bytes_in_memory": sum(b.bytes_in_memory for b in batches),
             "bytes_on_disk": sum(b.bytes_on_disk for b in batches),
-            "payload_bytes": payload,
-            "stored_bytes": stored,
-            "file_bytes": occupied,
-            # everything beyond the payload: bounds, times, offsets, file structure
-            "overhead_bytes_per_update": (occupied - payload) / updates if updates else 0.0,
-            "buffer_overhead_bytes_per_update": (stored - payload) / updates if updates else 0.0,
+            **byte_stats(batches, updates),
             "peak_rss_bytes": budget.peak_rss if budget is not None else 0,
             "since": self.spine.since,
             "merges_in_progress": sum(1 for lvl in self.spine.levels

@@ -103,3 +103,16 @@ class Batch:
             self._on_drop()
         if self._finalizer is not None:
             self._finalizer()
+
+
+def byte_stats(batches: list[Batch], updates: int) -> dict:
+    """The byte figures of ``Trace.stats``: payload, encoded buffers, every byte of the
+    files, and per update what lies beyond the payload -- in the files (bounds, times,
+    offsets, directory, padding: the overhead) and in the buffers alone."""
+    payload = sum(b.payload_bytes for b in batches)
+    stored = sum(b.stored_bytes for b in batches)
+    occupied = sum(b.file_bytes for b in batches)
+    return {"payload_bytes": payload, "stored_bytes": stored, "file_bytes": occupied,
+            "overhead_bytes_per_update": (occupied - payload) / updates if updates else 0.0,
+            "buffer_overhead_bytes_per_update":
+                (stored - payload) / updates if updates else 0.0}
