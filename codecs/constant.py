@@ -93,6 +93,12 @@ class Constant(Codec):
     def decode(self, version, meta, buffers):
         return self.decode_range(version, meta, buffers, 0, None)
 
+    def take(self, version, meta, buffers, rows):
+        # the value repeated len(rows) times: a lookup's few rows never fill the column
+        if meta["kind"] == "numpy" or not meta["validity"]:
+            return self.decode_range(version, dict(meta, length=len(rows)), buffers, 0, None)
+        return super().take(version, meta, buffers, rows)
+
     def decode_range(self, version, meta, buffers, start, stop):
         n = meta_length(meta)
         start, stop = clamp_range(n, start, stop)

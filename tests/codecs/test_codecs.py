@@ -981,6 +981,10 @@ def test_constant_columns_cost_their_value(values, how, data):
     got = decode_range(enc.codec, enc.version, meta, as_stored(enc.buffers, how), a, b)
     want = values[a:b]
     assert_same(got, want if isinstance(values, np.ndarray) else pa.concat_arrays([want]))
+    rows = np.array(data.draw(st.lists(st.integers(0, n - 1), max_size=20)), np.int64)
+    got = take(enc.codec, enc.version, meta, as_stored(enc.buffers, how), rows)
+    assert_same(got, values[rows] if isinstance(values, np.ndarray)
+                else values.take(pa.array(rows)))
     if not isinstance(values, np.ndarray) and n >= 64 and not pa.types.is_integer(values.type) \
             and not pa.types.is_floating(values.type) and not pa.types.is_temporal(values.type):
         assert choose_codec(values) == "const"   # strings and flags, chosen automatically
