@@ -97,6 +97,8 @@ NATIONS = ["ALGERIA", "ARGENTINA", "BRAZIL", "CANADA", "EGYPT", "ETHIOPIA", "FRA
            "RUSSIA", "UNITED KINGDOM", "UNITED STATES"]
 SEGMENTS = ["AUTOMOBILE", "BUILDING", "FURNITURE", "HOUSEHOLD", "MACHINERY"]
 PRIORITIES = ["1-URGENT", "2-HIGH", "3-MEDIUM", "4-NOT SPECIFIED", "5-LOW"]
+LINEITEM_SCHEMA = pa.schema([("l_orderkey", pa.int64()), ("l_linenumber", pa.int64()),
+                             ("l_quantity", pa.int64()), ("l_extendedprice", pa.float64())])
 
 
 # -- data -------------------------------------------------------------------------------------
@@ -165,8 +167,7 @@ def generate(path, scale: float, seed: int = SEED) -> dict:
 
     write("customer", (_customer_chunk(rng, s, min(CHUNK, n_customers - s))
                        for s in range(0, n_customers, CHUNK)))
-    lw = pq.ParquetWriter(files["lineitem"] + ".tmp", _orders_chunk(np.random.default_rng(0), 0, 1, 1)[1].schema,
-                          compression="snappy")
+    lw = pq.ParquetWriter(files["lineitem"] + ".tmp", LINEITEM_SCHEMA, compression="snappy")
 
     def orders_chunks():
         for s in range(0, n_orders, CHUNK):
