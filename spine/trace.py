@@ -33,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 
 from arrangedb.spine import persist
+from arrangedb.spine.build.exertion import default_exertion
 from arrangedb.spine.build.levels import Spine
 from arrangedb.spine.build.runs import RunBuilder, drop
 from arrangedb.spine.data import roles
@@ -68,6 +69,7 @@ class Trace:
         self._write_lock = threading.RLock()   # one writer at a time (module docstring)
         self._keys_cache: tuple | None = None   # (batches, distinct keys) for stats()
         self._checkpoint: persist.CheckpointState | None = None
+        self.exertion = default_exertion   # idle-time merge policy (build/exertion.py)
 
     # -- schema ------------------------------------------------------------------------
     @property
@@ -131,23 +133,33 @@ class Trace:
             self.spine.exert(int(fuel))
 
     def wants_merge(self) -> bool:
-        """Whether merge work is left for idle time. A trace tied to a checkpoint
-        directory waits while it holds batches the directory does not: merging one in
-        would make the next checkpoint write the merge's output instead of the batch
-        alone (later merges reference the files they replace: ``persist.inherit``)."""
-        if self._closed or not self.spine.has_work():
+        """Whether the exertion policy asks for merge work in idle time. A trace tied to
+        a checkpoint directory waits while it holds batches the directory does not:
+        merging one in would make the next checkpoint write the merge's output instead
+        of the batch alone (later merges reference the files they replace:
+        ``persist.inherit``)."""
+        if self._closed or self._idle_fuel() is None:
             return False
         return self._checkpoint is None or all(
             b.checkpointed is not None for b in self.batches())
 
-    def idle_merge(self, fuel: int) -> None:
-        """One slice of merge work, if no writer holds the trace (a writer goes first)."""
-        if self._write_lock.acquire(blocking=False):
-            try:
-                if not self._closed:
-                    self.spine.exert(int(fuel))
-            finally:
-                self._write_lock.release()
+    def _idle_fuel(self) -> int | None:
+        if not self.spine.has_work():
+            return None
+        return self.exertion(self.spine.level_states())
+
+    def idle_merge(self) -> bool:
+        """One slice of the merge work the exertion policy asks for, if no writer holds
+        the trace (a writer goes first); whether any was done."""
+        if not self._write_lock.acquire(blocking=False):
+            return False
+        try:
+            fuel = None if self._closed else self._idle_fuel()
+            if fuel:
+                self.spine.exert(int(fuel))
+            return bool(fuel)
+        finally:
+            self._write_lock.release()
 
     def merge_all(self) -> None:
         """Finish every merge: leaves one batch (handy before many reads)."""

@@ -14,9 +14,10 @@ Rules of the thread:
   what "busy" means), and while the budget holds at most half its limit. Two heavy
   jobs at once would each stay within their reservations, but not within the one
   allowance the process has for what reservations do not count.
-- It works in slices of ``SLICE_FUEL`` input updates, each under the trace's write lock,
-  taken without waiting (a writer goes first): an insert or a query that starts
-  meanwhile waits at most one slice for the lock or shares the machine with one slice.
+- It works in slices, each of the fuel the trace's exertion policy gives
+  (:mod:`arrangedb.spine.build.exertion`), under the trace's write lock, taken without
+  waiting (a writer goes first): an insert or a query that starts meanwhile waits at
+  most one slice for the lock or shares the machine with one slice.
 - A slice that fails (a full disk, a budget that does not fit) is rolled back like any
   spine change; the trace is left to its inserts' fuel until its next insert.
 
@@ -31,7 +32,6 @@ import time
 import weakref
 
 QUIET_SECONDS = 0.05
-SLICE_FUEL = 1 << 19
 
 
 class IdleMerger:
@@ -107,8 +107,8 @@ class IdleMerger:
 
     def _slice(self, trace) -> None:
         try:
-            trace.idle_merge(SLICE_FUEL)
-            self.slices += 1
+            if trace.idle_merge():
+                self.slices += 1
         except Exception:   # noqa: BLE001 - rolled back by the spine; the trace stays usable
             self.failures += 1
             self._traces.discard(trace)   # until its next insert asks again

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 
 from arrangedb.spine.storage.batch import Batch
 from arrangedb.spine.storage.context import StorageContext
+from arrangedb.spine.build.exertion import LevelState
 from arrangedb.spine.build.merger import Merger
 from arrangedb.spine.persist import inherit
 
@@ -252,20 +253,38 @@ class Spine:
             self._exert(fuel)
 
     def _exert(self, fuel: int) -> None:
-        if not any(lvl is not None and lvl.merging for lvl in self.levels):
-            occupied = [i for i, lvl in enumerate(self.levels) if lvl is not None]
-            if len(occupied) >= 2:
-                lo, hi = occupied[0], occupied[1]
-                batch = self.levels[lo].batches[0]
-                self.levels[lo] = None
-                self._insert_at(batch, hi)
-            elif len(occupied) == 1:
-                i = occupied[0]
-                batch = self.levels[i].batches[0]
-                if batch.description.since < self.since:
-                    # a lone batch behind the frontier: merge it with nothing to compact it
-                    self.levels[i] = Level([batch], self.since, compact=True)
-        self._apply_fuel(fuel)
+        """Spend ``fuel`` on merges in progress, starting the next one whenever none is
+        left -- the two lowest batches, or a lone batch behind the logical frontier
+        (merged with nothing, to compact it) -- until the fuel or the work runs out."""
+        while fuel > 0:
+            if not self._merging() and not self._start_merge():
+                return
+            before = self._work_left()
+            self._apply_fuel(fuel)
+            fuel -= max(before - self._work_left(), 1)
+
+    def _merging(self) -> bool:
+        return any(lvl is not None and lvl.merging for lvl in self.levels)
+
+    def _work_left(self) -> int:
+        return sum(self._merger(lvl).remaining for lvl in self.levels
+                   if lvl is not None and lvl.merging)
+
+    def _start_merge(self) -> bool:
+        occupied = [i for i, lvl in enumerate(self.levels) if lvl is not None]
+        if len(occupied) >= 2:
+            lo, hi = occupied[0], occupied[1]
+            batch = self.levels[lo].batches[0]
+            self.levels[lo] = None
+            self._insert_at(batch, hi)
+            return True
+        if len(occupied) == 1:
+            i = occupied[0]
+            batch = self.levels[i].batches[0]
+            if batch.description.since < self.since:
+                self.levels[i] = Level([batch], self.since, compact=True)
+                return True
+        return False
 
     def has_work(self) -> bool:
         """Whether ``exert`` would do anything: a merge in progress, two batches to
@@ -274,6 +293,13 @@ class Spine:
         if len(occupied) > 1 or any(lvl.merging for lvl in occupied):
             return True
         return bool(occupied) and occupied[0].batches[0].description.since < self.since
+
+    def level_states(self) -> list[LevelState]:
+        """The occupied levels, lowest first, for an exertion policy."""
+        return [LevelState(i, len(lvl.batches), sum(len(b) for b in lvl.batches),
+                           lvl.merging,
+                           any(b.description.since < self.since for b in lvl.batches))
+                for i, lvl in enumerate(self.levels) if lvl is not None]
 
     def merge_all(self) -> None:
         """Finish every merge and leave at most one settled batch (pending ones aside)."""

@@ -1,0 +1,97 @@
+"""Exertion: ``exert`` compacts everything behind the logical frontier, lone batches too;
+the idle merger follows each trace's policy, a plain function the user can replace."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pyarrow as pa
+
+import arrangedb
+from arrangedb.spine.build.exertion import LevelState, default_exertion, never
+
+
+def _history(engine, rng, inserts=30, n=500):
+    """``inserts`` batches of ``n`` updates at times 0, 10, 20, ... with retractions."""
+    trace = None
+    for i in range(inserts):
+        t = pa.table({"k": rng.integers(0, 300, n), "v": rng.integers(0, 3, n),
+                      "t": pa.array(np.full(n, i * 10, np.uint64)),
+                      "d": rng.choice([-1, 1, 2], n)})
+        if trace is None:
+            trace = engine.arrange(t, key=["k"], vals=["v"], time="t", diff="d")
+        else:
+            trace.insert(t, time="t", diff="d")
+    return trace
+
+
+def _snap(trace) -> Counter:
+    t = trace.snapshot().read_all()
+    return Counter(dict(zip(zip(t.column("k").to_pylist(), t.column("v").to_pylist()),
+                            t.column("count").to_pylist())))
+
+
+def _rows_at_one_time(trace) -> int:
+    """Updates the trace would store with every time advanced to one: a (key, val)
+    each with a nonzero count -- the rows of its snapshot."""
+    return trace.snapshot().read_all().num_rows
+
+
+def test_exert_compacts_every_batch_behind_the_frontier(tmp_path):
+    with arrangedb.Engine(spill_dir=tmp_path, memory_budget="64MiB", idle_merge=False) as e:
+        trace = _history(e, np.random.default_rng(3))
+        before = _snap(trace)
+        h = trace.handle()
+        h.set_logical_compaction(300)   # every time is now behind the frontier
+        trace.exert(10 ** 9)
+        assert trace.stats()["updates"] == _rows_at_one_time(trace)
+        assert trace.stats()["batches"] == 1
+        assert _snap(trace) == before
+
+
+def test_a_lone_batch_behind_the_frontier_is_compacted_by_exert(tmp_path):
+    rng = np.random.default_rng(4)
+    with arrangedb.Engine(spill_dir=tmp_path, memory_budget="64MiB", idle_merge=False) as e:
+        trace = _history(e, rng, inserts=6)
+        trace.merge_all()
+        assert trace.stats()["batches"] == 1
+        stored = trace.stats()["updates"]
+        before = _snap(trace)
+        trace.handle().set_logical_compaction(100)
+        trace.exert(10 ** 9)
+        assert trace.stats()["updates"] < stored   # times advanced: (k, v) rows collapse
+        assert trace.stats()["updates"] == _rows_at_one_time(trace)
+        assert _snap(trace) == before
+
+
+def test_the_idle_merger_follows_the_traces_policy(tmp_path):
+    rng = np.random.default_rng(5)
+    seen: list[list[LevelState]] = []
+
+    def recording(levels):
+        seen.append(levels)
+        return default_exertion(levels)
+
+    with arrangedb.Engine(spill_dir=tmp_path, memory_budget="64MiB") as e:
+        lazy = _history(e, rng, inserts=8)
+        lazy.exertion = never
+        busy = _history(e, rng, inserts=8)
+        busy.exertion = recording
+        busy.handle().set_logical_compaction(100)
+        busy.notify_idle()
+        lazy.notify_idle()
+        assert e.wait_merged(60)
+        assert busy.stats()["batches"] == 1 and busy.stats()["since"] == 100
+        assert lazy.stats()["batches"] > 1 and not lazy.wants_merge()
+        assert seen and all(isinstance(s, LevelState) for levels in seen for s in levels)
+        assert any(len(levels) > 1 for levels in seen)
+
+
+def test_the_default_policy_rests_only_when_nothing_would_change():
+    one = LevelState(level=10, batches=1, updates=1000, merging=False, behind=False)
+    assert default_exertion([]) is None
+    assert default_exertion([one]) is None
+    assert default_exertion([one, LevelState(3, 1, 8, False, False)])
+    assert default_exertion([LevelState(10, 1, 1000, False, True)])
+    assert default_exertion([LevelState(10, 2, 1000, True, False)])
