@@ -188,7 +188,17 @@ def bincount_groups(chunk: pa.Table, by: list[str], cols: dict) -> pa.Table | No
             if least >= 1 and positive is None:
                 positive = i
     column = chunk.column(by[0])
-    dictionary = column.chunk(0).dictionary   # unified: one dictionary for all chunks
+    if column.num_chunks == 0:
+        return None
+    first = column.chunk(0).dictionary
+    if any(not c.dictionary.equals(first) for c in column.chunks[1:]):
+        # chunks of several batches (or parts) code the values differently: remapped to
+        # one dictionary, or the codes of one would be read as another's values
+        chunk = unified(chunk, by)
+        if not pa.types.is_dictionary(chunk.schema.field(by[0]).type):
+            return None
+        column = chunk.column(by[0])
+    dictionary = column.chunk(0).dictionary   # one dictionary for all chunks now
     k = len(dictionary)
     # rows per group: counted only when a partial needs them, or no partial tells which
     # groups have rows (a bincount less per chunk)

@@ -281,3 +281,29 @@ def test_eager_aggregation_over_an_unmerged_trace_equals_the_plan_as_written(
         assert _rows(got) == _rows(_duck(
             "SELECT region, count(*) AS n, sum(amount) AS s, avg(amount) AS m "
             "FROM f JOIN d USING (k) GROUP BY region", kept, dim))
+
+
+@pytest.mark.parametrize("seed", [4, 8, 16])
+def test_group_values_new_in_a_later_batch_keep_their_groups(tmp_path, seed):
+    """A dimension whose inserts bring group values its first batch lacks: each batch
+    codes the strings with its own dictionary, and a block holds chunks of several. The
+    grouping remaps them to one dictionary (they were once read with the first one's,
+    putting rows in a null group). Idle merging off: the batches must stay apart."""
+    rng = np.random.default_rng(seed)
+    aggs = {"n": ("count", None), "s": ("sum", "y")}
+    with adb.Engine(spill_dir=tmp_path, memory_budget="64MiB", idle_merge=False) as e:
+        facts = e.arrange(pa.table({"k": pa.array(rng.integers(0, 40, 400)),
+                                    "y": pa.array(rng.integers(0, 1000, 400))}),
+                          key=["k"], vals=["y"])
+        dims = e.arrange(pa.table({"k": pa.array(np.arange(0, 40, 2)),
+                                   "g": pa.array(rng.choice(["a", "b", "c"], 20))}),
+                         key=["k"], vals=["g"])
+        for _ in range(2):
+            dims.insert(pa.table({"k": pa.array(rng.integers(0, 40, 5)),
+                                  "g": pa.array(rng.choice(["a", "d"], 5))}))
+        plan = adb.group_by(adb.join(facts, dims), by="g", aggs=aggs)
+        assert "eager aggregation" in plan.explain()
+        got = plan.read_all().sort_by("g")
+        want = eager_group_by(eager_join(facts, dims), by="g", aggs=aggs).read_all()
+        assert got.to_pydict() == want.sort_by("g").to_pydict()
+        assert None not in got.column("g").to_pylist()
