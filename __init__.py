@@ -50,7 +50,7 @@ what ``Engine.stats()["rss_before_engine_code_bytes"]`` reports."""
 _EXPORTS = {
     "Engine": "arrangedb.spine.engine",
     "Trace": "arrangedb.spine.trace",
-    "TraceHandle": "arrangedb.spine.trace",
+    "TraceHandle": "arrangedb.spine.handle",
     "SchemaError": "arrangedb.spine.data.ingest",
     "MemoryBudget": "arrangedb.pager",
     "BudgetExceeded": "arrangedb.pager",

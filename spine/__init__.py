@@ -19,7 +19,8 @@ from arrangedb.spine.data.updates import Updates, is_constant
 from arrangedb.spine.read.cursor import (Block, batch_part_blocks, blocks, co_blocks,
                                          part_blocks)
 from arrangedb.spine.storage.dictionaries import dictionary_schema
-from arrangedb.spine.trace import Trace, TraceHandle
+from arrangedb.spine.handle import TraceHandle
+from arrangedb.spine.trace import Trace
 from arrangedb.spine.engine import Engine, engine_for
 
 __all__ = [

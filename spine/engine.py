@@ -132,6 +132,21 @@ class Engine:
         trace.notify_idle()
         return trace
 
+    def view(self, plan, key=None, name=None) -> Trace:
+        """A maintained view: a trace holding ``plan``'s output (arranged by ``key``;
+        default: its group columns, its input's key, or all columns), brought up to date
+        from its inputs' changes before each read (``refresh()``). See
+        :mod:`arrangedb.ops.view`."""
+        if self._closed:
+            raise RuntimeError("the engine is closed")
+        maintained = getattr(plan, "maintained", None)
+        if maintained is None:
+            raise TypeError(f"engine.view takes a plan of arrangedb's operators (join, "
+                            f"group_by, reduce, ...), not {type(plan).__name__}")
+        view = maintained(self, key, name)
+        self._traces.append(view)
+        return view
+
     def load(self, path, version: int | None = None) -> Trace:
         """The trace checkpointed (or saved) at ``path``, at ``version`` (None: the
         newest), memory-mapped in place: no payload is decoded. It accepts inserts and
@@ -139,6 +154,7 @@ class Engine:
         if self._closed:
             raise RuntimeError("the engine is closed")
         trace = persist.load(path, self.ctx, Trace, version)
+        trace.restore_upper()
         self._traces.append(trace)   # merged once written to: a version is read as it is
         return trace
 

@@ -37,6 +37,8 @@ from arrangedb.spine.build.exertion import default_exertion
 from arrangedb.spine.build.levels import Spine
 from arrangedb.spine.build.runs import RunBuilder, drop
 from arrangedb.spine.data import roles
+from arrangedb.spine.data.description import Description
+from arrangedb.spine.handle import TraceHandle
 from arrangedb.spine.data.ingest import Columns
 from arrangedb.spine.read.cursor import blocks
 from arrangedb.spine.read.lookup import lookup
@@ -70,6 +72,8 @@ class Trace:
         self._keys_cache: tuple | None = None   # (batches, distinct keys) for stats()
         self._checkpoint: persist.CheckpointState | None = None
         self.exertion = default_exertion   # idle-time merge policy (build/exertion.py)
+        self._upper = 0   # every time held is before it; inserts go at or after it
+        self._views: weakref.WeakSet = weakref.WeakSet()   # views reading this trace
 
     # -- schema ------------------------------------------------------------------------
     @property
@@ -79,6 +83,25 @@ class Trace:
     @property
     def val_names(self) -> list[str]:
         return self.val_schema.names if self.val_schema is not None else []
+
+    def upper(self) -> int:
+        """The upper frontier: every update held has a time before it, and inserts go at
+        it or later (an insert without a time column goes at it)."""
+        return self._upper
+
+    def advance_upper(self, time: int) -> None:
+        """Move the upper frontier to ``time`` (never back): later inserts go at it or
+        after. A view does this to the inputs it has read through ``time - 1``."""
+        with self._write_lock:
+            self._upper = max(self._upper, int(time))
+
+    def add_view(self, view) -> None:
+        """Count ``view`` among this trace's readers (``stats()["views"]``)."""
+        self._views.add(view)
+
+    def restore_upper(self) -> None:
+        """Set the upper frontier from the batches held (after a load)."""
+        self._upper = max((b.description.upper for b in self.batches()), default=0)
 
     @property
     def since(self) -> int:
@@ -97,13 +120,13 @@ class Trace:
         them; False: none (time 0, diff +1)."""
         with self._write_lock:
             self._check_open()
-            self._update_frontiers()   # handles dropped without close() let go here
+            self.update_frontiers()   # handles dropped without close() let go here
             state = self._checkpoint
             writer = state is not None and state.lock is not None
             runs = self.runs.build(
                 data, time, diff, resident=True,
                 max_resident=DURABLE_RESIDENT_UPDATES if state is not None else None,
-                new_writer=state.stage_writer if writer else None)
+                new_writer=state.stage_writer if writer else None, lower=self._upper)
             self.add_runs(runs)
         self.notify_idle()
 
@@ -113,13 +136,32 @@ class Trace:
             self.ctx.idle.notify(self)
 
     def add_runs(self, runs: list[Batch]) -> None:
-        """Hand runs of one input to the spine; if that fails, they are dropped (the
-        spine is as it was)."""
+        """Hand runs of one input to the spine, as one time interval from the upper
+        frontier through their last time; if that fails, they are dropped (the spine
+        and the frontier are as they were)."""
         try:
+            upper = self._tile(runs)
             self.spine.insert_runs(runs)
         except BaseException:
             drop(runs)
             raise
+        self._upper = upper
+
+    def _tile(self, runs: list[Batch]) -> int:
+        """Give the runs of one input the description [upper, their last time + 1), so
+        that batches tile time (adjacent, never overlapping), as differential dataflow's
+        do; returns the new upper."""
+        times = [r.description for r in runs if len(r)]
+        if not times:
+            return self._upper
+        lowest = min(d.lower for d in times)
+        if lowest < self._upper:
+            raise ValueError(f"updates at time {lowest} are before the trace's upper "
+                             f"frontier {self._upper}")
+        upper = max(d.upper for d in times)
+        for r in runs:
+            r.description = Description(self._upper, upper, r.description.since)
+        return upper
 
     def appender(self) -> "Appender":
         """A loader for data that arrives in chunks (see :class:`Appender`)."""
@@ -186,7 +228,7 @@ class Trace:
         self._handles = [weakref.ref(h) for h in live]
         return live
 
-    def _update_frontiers(self) -> None:
+    def update_frontiers(self) -> None:
         with self._write_lock:
             live = self._live_handles()
             if live:
@@ -294,6 +336,9 @@ class Trace:
             **byte_stats(batches, updates),
             "peak_rss_bytes": budget.peak_rss if budget is not None else 0,
             "since": self.spine.since,
+            "upper": self._upper,
+            "handles": len(self._live_handles()),
+            "views": len(self._views),
             "merges_in_progress": sum(1 for lvl in self.spine.levels
                                       if lvl is not None and lvl.merging),
         }
@@ -341,7 +386,7 @@ class Appender:
     def add(self, data, time: str | None = None, diff: str | None = None) -> None:
         t = self.trace
         t._check_open()
-        self.runs += t.runs.build(data, time, diff, merge=False)
+        self.runs += t.runs.build(data, time, diff, merge=False, lower=t.upper())
 
     def finish(self) -> None:
         """Hand the runs to the trace. If this fails, the trace is as it was and the
@@ -350,7 +395,9 @@ class Appender:
         with t._write_lock:
             t._check_open()
             runs = t.runs.merge_down(self.runs)
+            upper = t._tile(runs)
             t.spine.insert_runs(runs)   # on failure: runs stay ours; made outputs are garbage
+            t._upper = upper
             self.runs = []
             t.ctx.settle()
         t.notify_idle()
@@ -360,62 +407,6 @@ class Appender:
         runs, self.runs = self.runs, []
         for r in runs:
             r.drop()
-
-
-class TraceHandle:
-    """A shared reader's hold on a trace's history (logical) and batch boundaries (physical)."""
-
-    def __init__(self, trace: Trace):
-        self._trace = trace
-        self.logical = trace.since
-        self.physical: int | None = None
-        self.closed = False
-
-    @property
-    def trace(self) -> Trace:
-        return self._trace
-
-    def set_logical_compaction(self, frontier: int) -> None:
-        """Allow the trace to forget history before ``frontier`` (never moves backwards)."""
-        if frontier < self.logical:
-            raise ValueError(f"logical compaction frontier cannot move back from "
-                             f"{self.logical} to {frontier}")
-        self.logical = int(frontier)
-        self._trace._update_frontiers()
-
-    def set_physical_compaction(self, frontier: int) -> None:
-        """Allow the trace to merge away batch boundaries before ``frontier``."""
-        if self.physical is not None and frontier < self.physical:
-            raise ValueError(f"physical compaction frontier cannot move back from "
-                             f"{self.physical} to {frontier}")
-        self.physical = int(frontier)
-        self._trace._update_frontiers()
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self._trace._update_frontiers()
-
-    def __enter__(self) -> "TraceHandle":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        # The trace lets go of this handle's frontiers at its next write: a collection
-        # may run in any thread, even inside a write, where changing the spine is unsafe.
-        self.closed = True
-
-    # reads go through the shared trace
-    def snapshot(self, at=None):
-        return self._trace.snapshot(at)
-
-    def lookup(self, keys, at=None):
-        return self._trace.lookup(keys, at)
-
-    def changes(self, since, upto=None):
-        return self._trace.changes(since, upto)
 
 
 def _record_batch(schema: pa.Schema, keys: pa.Table, vals: pa.Table | None,

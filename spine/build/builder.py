@@ -109,8 +109,10 @@ class Builder:
     def done(self, since: int = 0, lower: int | None = None, upper: int | None = None) -> Batch:
         """Seal: write the last part and the directory; return the immutable batch."""
         self._flush()
-        lows = [x for x in (lower, self._lower) if x is not None]
-        desc = Description(min(lows) if lows else 0, max(self._upper, upper or 0), since)
+        # given bounds (a merge's inputs') win: times advanced to a logical frontier
+        # past them stay inside the interval the inputs tiled
+        low = lower if lower is not None else (self._lower if self._lower is not None else 0)
+        desc = Description(low, upper if upper is not None else self._upper, since)
         if self._writer is not None and not self.parts:
             self._writer.abort()
             self._writer = None

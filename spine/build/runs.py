@@ -78,17 +78,20 @@ class RunBuilder:
 
     def build(self, data, time: str | None, diff: str | None, merge: bool = True,
               resident: bool = False, max_resident: int | None = None,
-              new_writer=None) -> list[Batch]:
+              new_writer=None, lower: int = 0) -> list[Batch]:
         """Sorted runs within the budget, at most ``ctx.read_fan_in`` of them (merged down
         when there are more, unless ``merge`` is False); the spine is untouched.
         ``resident``: runs of at most ``max_resident`` updates (any, when None) may stay
         in memory while the engine admits them (:mod:`arrangedb.spine.storage.resident`).
         ``new_writer``: makes the page writer of each run written (default: a spill
-        file); merges down still spill."""
+        file); merges down still spill. ``lower``: the time of input without a time
+        column, and the earliest time accepted (earlier ones raise ``ValueError`` and
+        nothing is kept)."""
         with self.ctx.working():   # idle merging waits for the sorts
-            return self._build(data, time, diff, merge, resident, max_resident, new_writer)
+            return self._build(data, time, diff, merge, resident, max_resident, new_writer,
+                               lower)
 
-    def _build(self, data, time, diff, merge, resident, max_resident, new_writer
+    def _build(self, data, time, diff, merge, resident, max_resident, new_writer, lower
                ) -> list[Batch]:
         schema, stream = open_batches(data)
         time = roles.resolve_role(schema, time, roles.TIME, self.columns.time)
@@ -152,7 +155,13 @@ class RunBuilder:
         try:
             piece = run_bytes // 4 if not room else min(run_bytes, sort_cost(room, 0)) // 4
             for rb in pieces(stream, max(piece, 1)):
-                upd = to_updates(rb, cols, self.key_schema, self.val_schema)
+                upd = to_updates(rb, cols, self.key_schema, self.val_schema, lower)
+                if lower and cols.time and len(upd) and int(upd.times.min()) < lower:
+                    raise ValueError(
+                        f"the input's time column {cols.time!r} holds time "
+                        f"{int(upd.times.min())}, before the trace's upper frontier {lower}: "
+                        "a trace accepts updates at its upper or later (earlier times may "
+                        "have been read already); nothing of this input was added")
                 if buffered and excess(size + upd.nbytes, rows + len(upd)) > 0:
                     # the run takes the rows that fit its share, the rest starts the
                     # next: runs cut at input batches were 10% short, and 40M rows

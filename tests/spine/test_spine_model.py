@@ -128,6 +128,8 @@ class SpineMachine(RuleBasedStateMachine):
                                   min_size=0, max_size=40))
         if not self.val_names:
             rows = [(k, None, t, d) for k, _, t, d in rows]
+        upper = self.trace.upper()   # times drawn as offsets from the upper frontier
+        rows = [(k, v, upper + t, d) for k, v, t, d in rows]
         table = self._table(rows)
         self.trace.insert(pa.RecordBatchReader.from_batches(
             table.schema, table.to_batches(max_chunksize=5)))
@@ -200,7 +202,7 @@ class SpineMachine(RuleBasedStateMachine):
         assert self.trace.since >= self.since or self.since == 0
         self.since = self.trace.since
 
-    @rule(dt=st.integers(0, 7))
+    @rule(dt=st.integers(0, 40))
     def check_snapshot(self, dt):
         at = self.since + dt
         got = rows_of(self.trace.snapshot(at).read_all(), self.key_names, self.val_names,
@@ -212,7 +214,7 @@ class SpineMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def check_lookup(self, data):
-        at = self.since + data.draw(st.integers(0, 7))
+        at = self.since + data.draw(st.integers(0, 40))
         queries = data.draw(st.lists(key_strategy(self.kind), max_size=8))
         if data.draw(st.booleans()):   # distinct and sorted, as a join asks: no sort then
             queries = sorted(set(queries), key=_sort_key)
@@ -226,7 +228,7 @@ class SpineMachine(RuleBasedStateMachine):
         assert Counter((qi, k, v, c) for k, v, qi, c in got) == expected
         assert [r[2] for r in got] == sorted(r[2] for r in got)  # by query_index
 
-    @rule(since=st.integers(0, 8), width=st.integers(1, 4))
+    @rule(since=st.integers(0, 40), width=st.integers(1, 8))
     def check_changes(self, since, width):
         frontier = self.trace.since
         upto = since + width

@@ -186,7 +186,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         rng = random.Random(seed)
         present = sorted(self.model())
         gone = rng.sample(present, int(len(present) * retract))
-        t0 = self.now + step
+        t0 = self.now + 1 + step   # at or after the upper frontier
         ups = [(k, v, t0 + rng.randint(0, 2), 1) for k, v in rows] + \
               [(k, v, t0 + rng.randint(0, 2), -1) for k, v in gone]
         table = pa.table({c: pa.array([u[i] for u in ups], pa.int64())
