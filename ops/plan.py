@@ -115,6 +115,12 @@ class Plan:
         """The plan as written, as it runs (after the planner's rewrites), and why."""
         return _planner.explain(self._node)
 
+    def maintained(self, engine, key=None, name=None):
+        """The plan's output as a maintained view in ``engine`` (``engine.view``)."""
+        if _maintainer is None:
+            raise RuntimeError("views need arrangedb.ops.view, which arrangedb.ops loads")
+        return _maintainer(self, engine, key, name)
+
     def __repr__(self) -> str:
         return f"<arrangedb plan: {self._node.op}; {len(self.schema)} columns " \
                f"({', '.join(self.schema.names)}); .explain() shows how it runs>"
@@ -133,6 +139,7 @@ class _NoPlanner:
 
 
 _planner = _NoPlanner
+_maintainer = None   # makes views: installed by arrangedb.ops.view
 
 
 def use_planner(planner) -> None:
@@ -140,6 +147,13 @@ def use_planner(planner) -> None:
     ``explain(node) -> str`` (the policy; this module is the mechanism)."""
     global _planner
     _planner = planner
+
+
+def use_maintainer(maintain) -> None:
+    """Install what ``Plan.maintained`` (``engine.view``) calls: ``maintain(plan,
+    engine, key, name) -> trace``."""
+    global _maintainer
+    _maintainer = maintain
 
 
 def lazy(op: str):

@@ -1,0 +1,182 @@
+"""Maintained views: refreshing after a 1% delta to orders, against recomputing.
+
+The data and the delta of ``bench/_orders.py`` (orders x customers; 1% of orders get new
+amounts: the old row retracted, the new one inserted, at time 1). Four views, each made
+with the natural code ``engine.view(plan)`` right after ``arrange``:
+
+- ``per region``: ``group_by(join(orders, customers), by="region", count, sum(amount))``,
+  refreshed from the join's changes (dA x B) added to the stored aggregates; against
+  DuckDB recomputing the query from Parquet.
+- ``max per customer``: ``reduce(orders, max(amount))``, refreshed per touched key
+  (their orders looked up, the max recomputed); against DuckDB's
+  ``SELECT customer_id, max(amount) ... GROUP BY customer_id``.
+- ``distinct`` and ``top_k`` (the 3 largest amounts per customer) of orders, refreshed
+  per touched key; against arrangedb's own snapshot operator recomputing them.
+
+Times are of ``view.refresh()`` alone (the delta's ``insert`` is the same for every
+view and is reported beside them). The views' contents are checked against the
+recomputed results. Each system runs in its own subprocess (RSS per system).
+
+Scale: smoke (0.005) by default; ``ARRANGEDB_BENCH_SCALE=full`` -> scale 1.0 under 512 MiB.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _orders  # noqa: E402
+
+SCALE = _orders.default_scale()
+FULL = _orders.env_full()
+BUDGET = "512MiB"
+THREADS = 2
+# recompute time over refresh time, per view (DuckDB for the SQL shapes, arrangedb's own
+# snapshot operators for distinct and top_k)
+TARGETS = {"per region": 25.0, "max per customer": 10.0, "distinct": 10.0, "top_k": 10.0}
+MAX_QUERY = "SELECT customer_id, max(amount) AS hi FROM {orders} GROUP BY customer_id"
+
+
+def _arrangedb(paths: dict, workdir: str) -> dict:
+    import numpy as np
+    import pyarrow as pa
+
+    import arrangedb
+    from arrangedb import distinct, group_by, join, reduce, top_k
+
+    pa.set_cpu_count(THREADS)
+    out = {}
+    with arrangedb.Engine(spill_dir=workdir, memory_budget=BUDGET) as engine:
+        orders, customers = _orders.ad_build(engine, paths)
+        plans = {
+            "per region": lambda: group_by(join(orders, customers), by="region",
+                                           aggs=_orders.AGGS),
+            "max per customer": lambda: reduce(orders, {"hi": ("max", "amount")}),
+            "distinct": lambda: distinct(orders),
+            "top_k": lambda: top_k(orders, 3, by="amount"),
+        }
+        views = {name: engine.view(make()) for name, make in plans.items()}
+        engine.wait_merged()
+        delta = _orders.delta_updates(paths)
+        baseline = engine.stats()["peak_rss_bytes"]
+        t0 = time.perf_counter()
+        orders.insert(delta, time="t", diff="d")
+        out["insert_seconds"] = time.perf_counter() - t0
+        for name, view in views.items():
+            engine.budget.peak_rss = engine.budget.rss()
+            t0 = time.perf_counter()
+            view.refresh()
+            out[f"{name}_refresh_seconds"] = time.perf_counter() - t0
+            out[f"{name}_peak_rss"] = engine.stats()["peak_rss_bytes"]
+            out[f"{name}_kind"] = view.stats()["refresh_kind"]
+        for name in ("distinct", "top_k"):   # recomputed by arrangedb's snapshot operator
+            t0 = time.perf_counter()
+            fresh = plans[name]().read_all()
+            out[f"{name}_recompute_seconds"] = time.perf_counter() - t0
+            got = views[name].snapshot().read_all().select(fresh.column_names)
+            out[f"{name}_equal"] = _same(got, fresh)
+        region = views["per region"].snapshot().read_all()
+        out["per region_result"] = _orders.as_result(region)
+        hi = views["max per customer"].snapshot().read_all()
+        out["max per customer_checksum"] = [hi.num_rows, float(np.sum(hi.column("hi")))]
+        out["budget"] = engine.budget.limit
+        out["baseline_rss"] = baseline
+    return out
+
+
+def _same(a, b) -> bool:
+    cols = a.column_names
+    return a.sort_by([(c, "ascending") for c in cols]).equals(
+        b.sort_by([(c, "ascending") for c in cols]))
+
+
+def _duckdb(paths: dict, workdir: str) -> dict:
+    import numpy as np
+
+    pq = _orders._pq
+    con = _orders._duck(_orders.duckdb_limit(BUDGET), THREADS, workdir)
+    orders, customers = pq(paths["orders"]), pq(paths["customers"])
+    # the delta applied: DuckDB recomputes over the changed orders
+    con.execute(f"CREATE TABLE delta AS SELECT * FROM {pq(paths['delta'])}")
+    changed = (f"(SELECT o.customer_id, coalesce(d.new_amount, o.amount) AS amount "
+               f"FROM {orders} o LEFT JOIN delta d ON o.order_id = d.order_id)")
+    _orders._duck_query(con, changed, customers)   # first-call costs
+    out = {}
+    t0 = time.perf_counter()
+    region = _orders._duck_query(con, changed, customers)
+    out["per region_seconds"] = time.perf_counter() - t0
+    out["per region_result"] = _orders.as_result(region)
+    t0 = time.perf_counter()
+    hi = con.execute(MAX_QUERY.format(orders=changed)).to_arrow_table()
+    out["max per customer_seconds"] = time.perf_counter() - t0
+    out["max per customer_checksum"] = [hi.num_rows, float(np.sum(hi.column("hi")))]
+    return out
+
+
+def run(system: str, scale: float) -> dict:
+    """One system's figures, measured in a subprocess of its own."""
+    with tempfile.TemporaryDirectory(prefix="arrangedb-bench-views-") as workdir:
+        proc = subprocess.run([sys.executable, __file__, system, str(scale), workdir],
+                              capture_output=True, text=True, timeout=3600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{system} worker failed:\n{proc.stderr[-4000:]}")
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def paths():
+    return _orders.ensure_data(SCALE)
+
+
+def test_views_refresh_against_recomputing(benchmark, paths):
+    res = benchmark.pedantic(lambda: {s: run(s, SCALE) for s in ("arrangedb", "duckdb")},
+                             rounds=1, iterations=1)
+    ours, duck = res["arrangedb"], res["duckdb"]
+    assert not _orders.compare_results(ours["per region_result"], duck["per region_result"])
+    n_ours, s_ours = ours["max per customer_checksum"]
+    n_duck, s_duck = duck["max per customer_checksum"]
+    assert n_ours == n_duck and abs(s_ours - s_duck) <= 1e-9 * abs(s_duck)
+    assert ours["distinct_equal"] and ours["top_k_equal"]
+    ratios = {
+        "per region": duck["per region_seconds"] / ours["per region_refresh_seconds"],
+        "max per customer": (duck["max per customer_seconds"]
+                             / ours["max per customer_refresh_seconds"]),
+        "distinct": ours["distinct_recompute_seconds"] / ours["distinct_refresh_seconds"],
+        "top_k": ours["top_k_recompute_seconds"] / ours["top_k_refresh_seconds"],
+    }
+    benchmark.extra_info.update({"scale": SCALE, "insert_seconds": ours["insert_seconds"],
+                                 **{f"{k}_ratio": v for k, v in ratios.items()},
+                                 **{k: v for k, v in ours.items() if k.endswith("seconds")}})
+    print(f"\nviews, scale {SCALE:g}, {BUDGET}: insert of the delta "
+          f"{ours['insert_seconds']:.3f} s")
+    for name, r in ratios.items():
+        print(f"  {name:18} refresh {ours[f'{name}_refresh_seconds']:.3f} s "
+              f"({ours[f'{name}_kind']}); recompute / refresh = {r:.1f}x "
+              f"(target {TARGETS[name]}x); peak RSS over start "
+              f"{(ours[f'{name}_peak_rss'] - ours['baseline_rss']) / 2**20:.0f} MiB")
+    from arrangedb.pager import RSS_ALLOWANCE as allowance
+    for name in TARGETS:
+        assert ours[f"{name}_peak_rss"] <= ours["budget"] + allowance, name
+    if FULL:
+        missed = {n: r for n, r in ratios.items() if r < TARGETS[n]}
+        if missed:   # named, not hidden
+            pytest.xfail("below target: " + ", ".join(
+                f"{n} {r:.1f}x (target {TARGETS[n]}x)" for n, r in missed.items()))
+
+
+def _main(system: str, scale: str, workdir: str) -> None:
+    paths = _orders.ensure_data(float(scale))
+    out = _arrangedb(paths, workdir) if system == "arrangedb" else _duckdb(paths, workdir)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    _main(*sys.argv[1:4])

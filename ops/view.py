@@ -1,0 +1,355 @@
+"""Maintained views: a plan's output kept as an arrangement, brought up to date from its
+inputs' changes.
+
+``engine.view(plan)`` arranges the plan's output -- by its group columns (``group_by``),
+its key (``join``, ``reduce``, ``distinct``, ``top_k``, ``threshold``), or all columns --
+into a :class:`View`, which is a trace: it is read, joined, reduced, viewed again and
+checkpointed like any other. Before a view answers a read it refreshes: the inputs'
+uppers are advanced to the latest of them (their times are one timeline, as in
+differential dataflow, so no input may later receive updates at a time the view has
+read through), and the output's changes at each input time since the view's own upper
+are inserted at that time. Reads of the view at any time since it was made are exact.
+
+How a change is computed, by the plan's shape:
+
+``per key``
+    An operator over traces whose output is keyed by their key (a join of two traces,
+    ``reduce``, ``distinct``, ``top_k``, ``threshold``): the keys the inputs' changes
+    touch are looked up in the inputs (a batched, sorted lookup), the same operator runs
+    over just those keys' rows, and the view's old rows of those keys are retracted and
+    the new ones inserted -- what differential dataflow's ``reduce`` does. Cost follows
+    the touched keys' groups, not the inputs' size; min, max and count_distinct are
+    recomputed from the touched groups, never from the whole input.
+``linear``
+    ``group_by(join(A, B), by, aggs)`` with a count and any sums: the join's changes
+    (dA x B + A' x dB, the incremental join) are grouped and added to the groups' stored
+    aggregates; a group whose count reaches zero is retracted.
+``whole``
+    Any other plan: it runs again and the difference from the view's contents is
+    inserted. Correct for every plan; as costly as the plan. ``stats()["refresh_kind"]``
+    says which of the three a view uses.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from arrangedb.ops import plan as _plan
+from arrangedb.ops.group_by import group_by
+from arrangedb.ops.join import join
+from arrangedb.ops.planner import params
+from arrangedb.spine import Columns, Trace, roles
+
+PER_KEY_OPS = ("join", "reduce", "distinct", "top_k", "threshold")
+_DIFF = "__view_diff"
+_TIME = "__view_time"
+
+
+class View(Trace):
+    """A trace holding a plan's output, kept up to date (module docstring)."""
+
+    def __init__(self, engine, plan, key: list[str] | None = None, name: str | None = None):
+        node = plan._node
+        if node.one_shot:
+            raise ValueError("a view needs a plan over traces: this one reads a one-shot "
+                             "stream, which cannot be read again for its changes")
+        schema = plan.schema
+        weight = roles.role_column(schema, roles.WEIGHT)
+        key = _default_key(node) if key is None else ([key] if isinstance(key, str) else list(key))
+        names = [f.name for f in schema if f.name != weight]
+        missing = [k for k in key if k not in names]
+        if missing:
+            raise ValueError(f"view key column(s) {missing} are not among the plan's output "
+                             f"columns {names}")
+        vals = [n for n in names if n not in key]
+        plain = lambda f: pa.field(f.name, f.type.value_type if pa.types.is_dictionary(f.type)
+                                   else f.type)
+        key_schema = pa.schema([plain(schema.field(k)) for k in key])
+        val_schema = pa.schema([plain(schema.field(v)) for v in vals]) if vals else None
+        super().__init__(engine.ctx, key_schema, val_schema,
+                         Columns(key, vals or None, None, weight), name)
+        self.plan, self.weight = plan, weight
+        self.inputs = _traces(node)
+        if not self.inputs:
+            raise ValueError("a view needs a plan that reads at least one trace")
+        self.kind = _kind(node)
+        if self.kind == "linear" and _summed_nulls(node):
+            self.kind = "whole"   # a group of nulls alone sums to null: not from changes
+        self._refreshing = False
+        self.refreshes = 0
+        for t in self.inputs:
+            t.add_view(self)
+        upper = max(t.upper() for t in self.inputs)
+        for t in self.inputs:
+            t.advance_upper(upper)
+        reader = plan.to_reader()
+        if upper > 0:   # the output accumulated through upper - 1, at upper - 1
+            reader = _at_time(reader, upper - 1)
+            self.add_runs(self.runs.build(reader, _TIME, weight or False))
+        else:
+            self.add_runs(self.runs.build(reader, False, weight or False))
+        Trace.advance_upper(self, max(upper, 1))
+        self.notify_idle()
+
+    # -- refreshing ---------------------------------------------------------------------
+    def refresh(self) -> int:
+        """Apply the inputs' changes since the view's upper; returns the new upper."""
+        with self._write_lock:
+            self._check_open()
+            if self._refreshing:
+                return self._upper
+            self._refreshing = True
+            try:
+                for t in self.inputs:   # a view read as an input is brought up to date
+                    if isinstance(t, View):
+                        t.refresh()
+                target = max(t.upper() for t in self.inputs)
+                if target > self._upper:
+                    for t in self.inputs:
+                        t.advance_upper(target)
+                    self._apply(self._upper, target)
+                    Trace.advance_upper(self, target)
+                    self.refreshes += 1
+            finally:
+                self._refreshing = False
+        self.notify_idle()
+        return self._upper
+
+    def advance_upper(self, time: int) -> None:
+        """Move the upper frontier to ``time``: the view is brought up to date first, and
+        its inputs are advanced with it (one timeline), so that none of them accepts an
+        update at a time the view has been read through."""
+        self.refresh()
+        with self._write_lock:
+            for t in self.inputs:
+                t.advance_upper(time)
+            super().advance_upper(time)
+
+    def _apply(self, lower: int, upper: int) -> None:
+        if self.kind == "linear":
+            self._apply_linear(lower, upper)
+        if self.kind == "whole":   # exact at upper - 1; earlier times fold onto it
+            self._insert_delta(self._whole_delta(), upper - 1)
+            return
+        if self.kind != "per key":
+            return
+        changes = [t.changes(lower, upper).read_all() for t in self.inputs]
+        for t, at_t in _by_time(changes):
+            self._insert_delta(self._per_key_delta(at_t, t), t)
+
+    def _insert_delta(self, delta: pa.Table | None, time: int) -> None:
+        if delta is None or delta.num_rows == 0:
+            return
+        delta = delta.append_column(_TIME, pa.array(np.full(delta.num_rows, time, np.uint64)))
+        self.insert(delta, time=_TIME, diff=_DIFF)
+
+    def _old_rows(self, keys: pa.Table) -> pa.Table:
+        """The view's rows of ``keys``, as retractions (diff: minus their count)."""
+        old = Trace.lookup(self, keys)
+        cols = self.key_names + self.val_names
+        return old.select(cols).append_column(_DIFF, pc.negate(old.column("count")))
+
+    def _new_rows(self, table: pa.Table) -> pa.Table:
+        cols = self.key_names + self.val_names
+        diff = table.column(self.weight) if self.weight else pa.array(
+            np.ones(table.num_rows, np.int64))
+        return table.select(cols).append_column(_DIFF, diff.cast(pa.int64()))
+
+    def _per_key_delta(self, changes: list[pa.Table], time: int) -> pa.Table | None:
+        node = self.plan._node
+        first = self.inputs[0]
+        keys = pa.concat_tables([c.select(t.key_names).rename_columns(first.key_names)
+                                 for c, t in zip(changes, self.inputs)])
+        if keys.num_rows == 0:
+            return None
+        keys = keys.group_by(first.key_names).aggregate([]).sort_by(
+            [(k, "ascending") for k in first.key_names])
+        subs = {}
+        try:
+            for t in self.inputs:   # each input's rows of the touched keys, at ``time``
+                rows = t.lookup(keys.rename_columns(t.key_names), at=time)
+                sub = Trace(self.ctx, t.key_schema, t.val_schema,
+                            Columns(t.key_names, t.val_names or None, None, "count"))
+                sub.add_runs(sub.runs.build(rows.drop_columns(["query_index"]), False,
+                                            "count"))
+                subs[id(t)] = sub
+            swap = lambda a: subs.get(id(a), a)
+            new = node.fn(*map(swap, node.args),
+                          **{k: swap(v) for k, v in node.kwargs.items()}).read_all()
+        finally:
+            for sub in subs.values():
+                sub.close()
+        out_keys = keys.rename_columns(self.key_names)
+        return pa.concat_tables([self._old_rows(out_keys),
+                                 self._new_rows(new).cast(self._delta_schema())])
+
+    def _apply_linear(self, lower: int, upper: int) -> None:
+        g = params(self.plan._node)
+        j = params(g["stream"]._node)
+        changes = join(j["left"], j["right"], since=lower, upto=upper).read_all()
+        if any(changes.column(c).null_count for c in _summed(g["aggs"])):
+            self.kind = "whole"   # for good: a group of nulls alone sums to null
+            return
+        for t, (at_t,) in _by_time([changes]):
+            delta = group_by(at_t.drop_columns(["time"]), g["by"], g["aggs"],
+                             weight="diff", engine=g["engine"]).read_all()
+            self._insert_delta(self._added(delta, g["aggs"]), t)
+
+    def _added(self, delta: pa.Table, aggs: dict) -> pa.Table | None:
+        """The view's rows of ``delta``'s groups retracted, and their sums with
+        ``delta`` inserted (a group whose count reaches zero: retracted only)."""
+        if delta.num_rows == 0:
+            return None
+        keys = delta.select(self.key_names)
+        old = Trace.lookup(self, keys)
+        qi = old.column("query_index").to_numpy()
+        new_cols = []
+        for name in self.val_names:   # a group the view lacks starts from zero
+            d = delta.column(name).combine_chunks()
+            before = _scatter(old.column(name).combine_chunks(), qi, delta.num_rows, d.type)
+            new_cols.append(pc.add(before, d.fill_null(pa.scalar(0, d.type))))
+        count = next(n for n, (fn, col) in aggs.items() if fn == "count" and col is None)
+        alive = pc.greater(new_cols[self.val_names.index(count)], 0).to_numpy(
+            zero_copy_only=False)
+        new = pa.table(dict(zip(self.key_names, keys.columns)) |
+                       dict(zip(self.val_names, new_cols))).filter(pa.array(alive))
+        new = new.append_column(_DIFF, pa.array(np.ones(new.num_rows, np.int64)))
+        return pa.concat_tables([self._old_rows(keys), new.cast(self._delta_schema())])
+
+    def _whole_delta(self) -> pa.Table:
+        new = self._new_rows(self.plan.read_all()).cast(self._delta_schema())
+        old = Trace.snapshot(self).read_all()
+        cols = self.key_names + self.val_names
+        old = old.select(cols).append_column(_DIFF, pc.negate(old.column("count")))
+        return pa.concat_tables([old, new])
+
+    def _delta_schema(self) -> pa.Schema:
+        fields = list(self.key_schema) + (list(self.val_schema) if self.val_schema else [])
+        return pa.schema(fields + [pa.field(_DIFF, pa.int64())])
+
+    # -- reads refresh first ----------------------------------------------------------
+    def check_read_time(self, at):
+        if not self._refreshing:
+            self.refresh()
+        super().check_read_time(at)
+
+    def changes(self, since, upto=None):
+        self.refresh()
+        return super().changes(since, upto)
+
+    def lookup(self, keys, at=None, read_dictionary=None):
+        self.refresh()
+        return super().lookup(keys, at, read_dictionary)
+
+    def stats(self) -> dict:
+        s = super().stats()
+        uppers = [t.upper() for t in self.inputs]
+        s.update(input_uppers=uppers, lag=max(uppers) - self._upper,
+                 refresh_kind=self.kind, refreshes=self.refreshes)
+        return s
+
+
+def maintain(plan, engine, key=None, name=None) -> View:
+    """``engine.view(plan)``: see :class:`View`."""
+    return View(engine, plan, key, name)
+
+
+_plan.use_maintainer(maintain)
+
+
+def _traces(node) -> list:
+    """The traces a plan reads, each once, in the order the plan names them."""
+    out, seen = [], set()
+
+    def walk(n):
+        for x in n.inputs():
+            if isinstance(x, _plan.Plan):
+                walk(x._node)
+            elif isinstance(x, Trace) and id(x) not in seen:
+                seen.add(id(x))
+                out.append(x)
+    walk(node)
+    return out
+
+
+def _kind(node) -> str:
+    direct = node.inputs()
+    if node.op in PER_KEY_OPS and direct and all(isinstance(x, Trace) for x in direct):
+        return "per key"
+    if node.op == "group_by" and not node.one_shot:
+        g = params(node)
+        stream = g["stream"]
+        if (isinstance(stream, _plan.Plan) and stream._node.op == "join"
+                and g["weight"] in (None, "count")):
+            j = params(stream._node)
+            aggs = g["aggs"]
+            linear = all(fn in ("count", "sum") for fn, _ in aggs.values())
+            counted = any(fn == "count" and col is None for fn, col in aggs.values())
+            if (j["how"] == "inner" and j["at"] is None and j["since"] is None
+                    and isinstance(j["left"], Trace) and isinstance(j["right"], Trace)
+                    and linear and counted):
+                return "linear"
+    return "whole"
+
+
+def _by_time(changes: list[pa.Table]):
+    """(time, the changes at that time) for every time some change holds, in order."""
+    times = np.unique(np.concatenate(
+        [c.column("time").to_numpy() for c in changes] or [np.zeros(0, np.uint64)]))
+    for t in times.tolist():
+        yield t, [c.filter(pc.equal(c.column("time"), pa.scalar(t, pa.uint64())))
+                  for c in changes]
+
+
+def _summed(aggs: dict) -> list[str]:
+    return [col for fn, col in aggs.values() if fn == "sum"]
+
+
+def _summed_nulls(node) -> bool:
+    """Whether a column a linear view sums holds a null in its input (a scan, once)."""
+    g = params(node)
+    j = params(g["stream"]._node)
+    summed = set(_summed(g["aggs"]))
+    for t in (j["left"], j["right"]):
+        cols = [c for c in t.val_names if c in summed]
+        if cols and any(b.column(c).null_count for b in t.snapshot() for c in cols):
+            return True
+    return False
+
+
+def _default_key(node) -> list[str]:
+    if node.op == "group_by":
+        by = params(node)["by"]
+        return [by] if isinstance(by, str) else list(by)
+    direct = [x for x in node.inputs() if isinstance(x, Trace)]
+    if node.op in PER_KEY_OPS and direct:
+        return list(direct[0].key_names)
+    weight = roles.role_column(node.schema, roles.WEIGHT)
+    return [f.name for f in node.schema if f.name != weight]
+
+
+def _at_time(reader: pa.RecordBatchReader, time: int) -> pa.RecordBatchReader:
+    schema = reader.schema.append(pa.field(_TIME, pa.uint64()))
+
+    def gen():
+        for b in reader:
+            yield pa.RecordBatch.from_arrays(
+                b.columns + [pa.array(np.full(b.num_rows, time, np.uint64))], schema=schema)
+    return pa.RecordBatchReader.from_batches(schema, gen())
+
+
+def _scatter(values: pa.Array, positions: np.ndarray, n: int, t: pa.DataType) -> pa.Array:
+    """``n`` zeros of type ``t`` with ``values`` placed at ``positions``."""
+    out = pa.array(np.zeros(n, np.int64)).cast(t)
+    if not len(positions):
+        return out
+    idx = np.zeros(n, np.int64)
+    idx[positions] = np.arange(len(positions))
+    present = np.zeros(n, dtype=bool)
+    present[positions] = True
+    taken = values.cast(t).fill_null(pa.scalar(0, t)).take(pa.array(idx))
+    return pc.if_else(pa.array(present), taken, out)
