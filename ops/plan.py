@@ -115,11 +115,11 @@ class Plan:
         """The plan as written, as it runs (after the planner's rewrites), and why."""
         return _planner.explain(self._node)
 
-    def maintained(self, engine, key=None, name=None):
+    def maintained(self, engine, key=None, name=None, path=None):
         """The plan's output as a maintained view in ``engine`` (``engine.view``)."""
         if _maintainer is None:
             raise RuntimeError("views need arrangedb.ops.view, which arrangedb.ops loads")
-        return _maintainer(self, engine, key, name)
+        return _maintainer(self, engine, key, name, path)
 
     def __repr__(self) -> str:
         return f"<arrangedb plan: {self._node.op}; {len(self.schema)} columns " \
@@ -151,7 +151,7 @@ def use_planner(planner) -> None:
 
 def use_maintainer(maintain) -> None:
     """Install what ``Plan.maintained`` (``engine.view``) calls: ``maintain(plan,
-    engine, key, name) -> trace``."""
+    engine, key, name, path) -> trace``."""
     global _maintainer
     _maintainer = maintain
 

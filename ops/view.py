@@ -50,29 +50,74 @@ _TIME = "__view_time"
 
 
 class View(Trace):
-    """A trace holding a plan's output, kept up to date (module docstring)."""
+    """A trace holding a plan's output, kept up to date (module docstring). Made by
+    :func:`maintain` (``engine.view``); the constructor is :class:`Trace`'s, so that a
+    checkpointed view loads as one."""
 
-    def __init__(self, engine, plan, key: list[str] | None = None, name: str | None = None):
-        node = plan._node
-        if node.one_shot:
-            raise ValueError("a view needs a plan over traces: this one reads a one-shot "
-                             "stream, which cannot be read again for its changes")
-        schema = plan.schema
-        weight = roles.role_column(schema, roles.WEIGHT)
-        key = _default_key(node) if key is None else ([key] if isinstance(key, str) else list(key))
+    plan = None          # until bound: a view loaded from a checkpoint, not yet resumed
+    inputs: tuple = ()
+    _refreshing = False
+
+    @classmethod
+    def made(cls, engine, plan, key=None, name=None) -> "View":
+        """The view of ``plan``: the plan runs once, its output arranged at the inputs'
+        latest time."""
+        schema, weight = plan.schema, roles.role_column(plan.schema, roles.WEIGHT)
+        key = _default_key(plan._node) if key is None else (
+            [key] if isinstance(key, str) else list(key))
         names = [f.name for f in schema if f.name != weight]
         missing = [k for k in key if k not in names]
         if missing:
             raise ValueError(f"view key column(s) {missing} are not among the plan's output "
                              f"columns {names}")
         vals = [n for n in names if n not in key]
-        plain = lambda f: pa.field(f.name, f.type.value_type if pa.types.is_dictionary(f.type)
-                                   else f.type)
-        key_schema = pa.schema([plain(schema.field(k)) for k in key])
-        val_schema = pa.schema([plain(schema.field(v)) for v in vals]) if vals else None
-        super().__init__(engine.ctx, key_schema, val_schema,
-                         Columns(key, vals or None, None, weight), name)
-        self.plan, self.weight = plan, weight
+        key_schema = pa.schema([_plain(schema.field(k)) for k in key])
+        val_schema = pa.schema([_plain(schema.field(v)) for v in vals]) if vals else None
+        view = cls(engine.ctx, key_schema, val_schema, Columns(key, vals or None, None, weight),
+                   name)
+        view.bind(plan)
+        upper = max(t.upper() for t in view.inputs)
+        for t in view.inputs:
+            t.advance_upper(upper)
+        reader = plan.to_reader()
+        if upper > 0:   # the output accumulated through upper - 1, at upper - 1
+            view.add_runs(view.runs.build(_at_time(reader, upper - 1), _TIME, weight or False))
+        else:
+            view.add_runs(view.runs.build(reader, False, weight or False))
+        Trace.advance_upper(view, max(upper, 1))
+        view.notify_idle()
+        return view
+
+    @classmethod
+    def resumed(cls, engine, plan, path, version=None) -> "View":
+        """The view of ``plan`` checkpointed at ``path``, bound to the plan's (loaded)
+        inputs: it goes on from its stored upper frontier, applying what the inputs
+        received since at its next read."""
+        view = engine.load(path, version, make_trace=cls)
+        schema = plan.schema
+        weight = roles.role_column(schema, roles.WEIGHT)
+        written = [_plain(f) for f in schema if f.name != weight]
+        stored = list(view.key_schema) + list(view.val_schema or [])
+        if sorted(map(str, written)) != sorted(map(str, stored)):
+            view.close()
+            raise ValueError(f"the view stored at {str(path)!r} holds columns "
+                             f"{[str(f) for f in stored]}, not the plan's "
+                             f"{[str(f) for f in written]}: it is the view of another plan")
+        view.columns = Columns(view.key_names, view.val_names or None, None, weight)
+        view.bind(plan)
+        if view.upper() > max(t.upper() for t in view.inputs):
+            for t in view.inputs:   # the inputs' versions are older than the view's
+                t.advance_upper(view.upper())
+        return view
+
+    def bind(self, plan) -> None:
+        """Tie this view to ``plan``: its inputs, how its changes are computed."""
+        node = plan._node
+        if node.one_shot:
+            raise ValueError("a view needs a plan over traces: this one reads a one-shot "
+                             "stream, which cannot be read again for its changes")
+        self.plan = plan
+        self.weight = roles.role_column(plan.schema, roles.WEIGHT)
         self.inputs = _traces(node)
         if not self.inputs:
             raise ValueError("a view needs a plan that reads at least one trace")
@@ -83,24 +128,13 @@ class View(Trace):
         self.refreshes = 0
         for t in self.inputs:
             t.add_view(self)
-        upper = max(t.upper() for t in self.inputs)
-        for t in self.inputs:
-            t.advance_upper(upper)
-        reader = plan.to_reader()
-        if upper > 0:   # the output accumulated through upper - 1, at upper - 1
-            reader = _at_time(reader, upper - 1)
-            self.add_runs(self.runs.build(reader, _TIME, weight or False))
-        else:
-            self.add_runs(self.runs.build(reader, False, weight or False))
-        Trace.advance_upper(self, max(upper, 1))
-        self.notify_idle()
 
     # -- refreshing ---------------------------------------------------------------------
     def refresh(self) -> int:
         """Apply the inputs' changes since the view's upper; returns the new upper."""
         with self._write_lock:
             self._check_open()
-            if self._refreshing:
+            if self._refreshing or self.plan is None:
                 return self._upper
             self._refreshing = True
             try:
@@ -253,9 +287,12 @@ class View(Trace):
         return s
 
 
-def maintain(plan, engine, key=None, name=None) -> View:
-    """``engine.view(plan)``: see :class:`View`."""
-    return View(engine, plan, key, name)
+def maintain(plan, engine, key=None, name=None, path=None) -> View:
+    """``engine.view(plan)``: see :class:`View`. ``path``: resume the view checkpointed
+    there instead of running the plan."""
+    if path is not None:
+        return View.resumed(engine, plan, path)
+    return View.made(engine, plan, key, name)
 
 
 _plan.use_maintainer(maintain)
@@ -330,6 +367,11 @@ def _default_key(node) -> list[str]:
         return list(direct[0].key_names)
     weight = roles.role_column(node.schema, roles.WEIGHT)
     return [f.name for f in node.schema if f.name != weight]
+
+
+def _plain(f: pa.Field) -> pa.Field:
+    """A column as arranged: dictionaries as their values, no role marks."""
+    return pa.field(f.name, f.type.value_type if pa.types.is_dictionary(f.type) else f.type)
 
 
 def _at_time(reader: pa.RecordBatchReader, time: int) -> pa.RecordBatchReader:

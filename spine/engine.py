@@ -132,28 +132,32 @@ class Engine:
         trace.notify_idle()
         return trace
 
-    def view(self, plan, key=None, name=None) -> Trace:
+    def view(self, plan, key=None, name=None, path=None) -> Trace:
         """A maintained view: a trace holding ``plan``'s output (arranged by ``key``;
         default: its group columns, its input's key, or all columns), brought up to date
-        from its inputs' changes before each read (``refresh()``). See
-        :mod:`arrangedb.ops.view`."""
+        from its inputs' changes before each read (``refresh()``). ``path``: the view
+        checkpointed there, resumed over ``plan``'s inputs (loaded traces) instead of
+        running the plan. See :mod:`arrangedb.ops.view`."""
         if self._closed:
             raise RuntimeError("the engine is closed")
         maintained = getattr(plan, "maintained", None)
         if maintained is None:
             raise TypeError(f"engine.view takes a plan of arrangedb's operators (join, "
                             f"group_by, reduce, ...), not {type(plan).__name__}")
-        view = maintained(self, key, name)
+        view = maintained(self, key, name, path)
+        if path is not None:
+            return view   # load() tracks it
         self._traces.append(view)
         return view
 
-    def load(self, path, version: int | None = None) -> Trace:
+    def load(self, path, version: int | None = None, make_trace=Trace) -> Trace:
         """The trace checkpointed (or saved) at ``path``, at ``version`` (None: the
         newest), memory-mapped in place: no payload is decoded. It accepts inserts and
-        merges like any trace; its next ``checkpoint()`` writes the next version there."""
+        merges like any trace; its next ``checkpoint()`` writes the next version there.
+        ``make_trace``: the trace's class (a view resumes as a view)."""
         if self._closed:
             raise RuntimeError("the engine is closed")
-        trace = persist.load(path, self.ctx, Trace, version)
+        trace = persist.load(path, self.ctx, make_trace, version)
         trace.restore_upper()
         self._traces.append(trace)   # merged once written to: a version is read as it is
         return trace

@@ -156,3 +156,32 @@ def test_bad_view_arguments_are_named(tmp_path):
             e.view(facts)
         with pytest.raises(ValueError, match="one-shot stream"):
             e.view(group_by(facts.snapshot(), by="k", aggs={"n": ("count", None)}))
+
+
+def test_a_checkpointed_view_resumes_over_its_loaded_inputs(tmp_path):
+    """Inputs and view checkpointed; in a new engine, the view resumes from its stored
+    upper over the loaded inputs and applies what they received since."""
+    rng = np.random.default_rng(4)
+    aggs = {"n": ("count", None), "s": ("sum", "y")}
+    with arrangedb.Engine(spill_dir=tmp_path / "a", memory_budget="64MiB") as e:
+        facts = e.arrange(_facts(rng, 400, 30, False), key=["k"], vals=["x", "y"])
+        dims = e.arrange(_dims(rng, 30), key=["k"], vals=["g"])
+        per_group = e.view(group_by(join(facts, dims), by="g", aggs=aggs))
+        facts.insert(_delta(rng, facts, 40, 30, False), diff="d")
+        per_group.refresh()
+        for t, name in ((facts, "facts"), (dims, "dims"), (per_group, "view")):
+            t.checkpoint(tmp_path / name)
+        upper = per_group.upper()
+    with arrangedb.Engine(spill_dir=tmp_path / "b", memory_budget="64MiB") as e:
+        facts, dims = e.load(tmp_path / "facts"), e.load(tmp_path / "dims")
+        plan = group_by(join(facts, dims), by="g", aggs=aggs)
+        resumed = e.view(plan, path=tmp_path / "view")
+        assert resumed.upper() == upper and resumed.stats()["refresh_kind"] == "linear"
+        assert resumed.refreshes == 0
+        facts.insert(_delta(rng, facts, 40, 30, False), diff="d")
+        got = resumed.snapshot().read_all()
+        assert resumed.refreshes == 1
+        assert _bag(got.drop_columns(["count"]), None) == _bag(plan.read_all(), None)
+        other = group_by(join(facts, dims), by="g", aggs={"n": ("count", None)})
+        with pytest.raises(ValueError, match="the view of another plan"):
+            e.view(other, path=tmp_path / "view")
