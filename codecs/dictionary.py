@@ -9,11 +9,13 @@ what makes flag columns 8x+ smaller than Arrow's 4 offset bytes per row. Nulls s
 validity bitmap, with code 0 under them. Buffers: ``[validity?, codes, *dictionary's
 plain buffers]``.
 
-Entropy coding (version 2): the packed codes are compressed by zstd in blocks when that
-saves at least a fifth of them. zstd's Huffman stage is what brings a skewed column (a
+Entropy coding (version 2): codes of a byte or more are compressed by zstd in blocks
+when that saves at least a fifth of them. zstd's Huffman stage brings a skewed column (a
 few values covering most rows) near its entropy: 17 Zipf-distributed values need 8-bit
-codes packed, ~2.5 bits compressed. The codes are decompressed whole at decode (one
-byte per row at most: a small fraction of the column's decoded bytes).
+codes, ~3.5 bits a row compressed. Bit-packed codes (dictionaries of up to 16 entries)
+stay packed: they waste at most a few bits a row, and their decode is the fast path of
+flag and status columns, which a decompression would slow by a fifth. The codes are
+decompressed whole at decode (a small fraction of the column's decoded bytes).
 
 Decoding gathers the dictionary by the codes: numpy ``take`` for fixed-width values, a
 fixed-stride numpy gather when every string of the dictionary has the same length (flags,
@@ -102,10 +104,10 @@ def gather(items: np.ndarray, buf, bits: int, n: int, start: int, stop: int) -> 
     return out[skip:skip + stop - start]
 
 
-def entropy_code(codes: np.ndarray) -> tuple[object, dict | None]:
-    """The codes zstd-compressed with their block lists, when that saves enough; else the
-    codes as they are and None."""
-    if codes.nbytes < ENTROPY_MIN_BYTES:
+def entropy_code(codes: np.ndarray, bits: int) -> tuple[object, dict | None]:
+    """Codes of ``bits`` each, zstd-compressed with their block lists when they are a
+    byte or more and that saves enough; else the codes as they are and None."""
+    if bits < 8 or codes.nbytes < ENTROPY_MIN_BYTES:
         return codes, None
     comp, raw, offs = compress_blocks(codes, ENTROPY_BLOCK, ENTROPY_LEVEL)
     if len(comp) > ENTROPY_MAX_RATIO * codes.nbytes:
@@ -136,7 +138,7 @@ class Dictionary(Codec):
         if indices.null_count:
             indices = pc.fill_null(indices, 0)
         bits = code_bits(len(dictionary))
-        codes, blocks = entropy_code(pack_codes(indices.to_numpy(), bits))
+        codes, blocks = entropy_code(pack_codes(indices.to_numpy(), bits), bits)
         if isinstance(values, np.ndarray):
             dictionary = dictionary.to_numpy().astype(values.dtype, copy=False)
         dmeta, dbufs = encode_parts(dictionary)
