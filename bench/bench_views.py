@@ -66,7 +66,7 @@ def _arrangedb(paths: dict, workdir: str) -> dict:
         views = {name: engine.view(make()) for name, make in plans.items()}
         engine.wait_merged()
         delta = _orders.delta_updates(paths)
-        baseline = engine.stats()["peak_rss_bytes"]
+        baseline = engine.budget.rss()
         t0 = time.perf_counter()
         orders.insert(delta, time="t", diff="d")
         out["insert_seconds"] = time.perf_counter() - t0
@@ -75,7 +75,9 @@ def _arrangedb(paths: dict, workdir: str) -> dict:
             t0 = time.perf_counter()
             view.refresh()
             out[f"{name}_refresh_seconds"] = time.perf_counter() - t0
-            out[f"{name}_peak_rss"] = engine.stats()["peak_rss_bytes"]
+            stats = engine.stats()   # RSS from before arrangedb was imported, as a limit sees
+            out[f"{name}_peak_rss"] = stats["peak_rss_over_before_engine_code_bytes"]
+            out[f"{name}_peak_over_start"] = stats["peak_rss_bytes"] - baseline
             out[f"{name}_kind"] = view.stats()["refresh_kind"]
         for name in ("distinct", "top_k"):   # recomputed by arrangedb's snapshot operator
             t0 = time.perf_counter()
@@ -160,8 +162,8 @@ def test_views_refresh_against_recomputing(benchmark, paths):
     for name, r in ratios.items():
         print(f"  {name:18} refresh {ours[f'{name}_refresh_seconds']:.3f} s "
               f"({ours[f'{name}_kind']}); recompute / refresh = {r:.1f}x "
-              f"(target {TARGETS[name]}x); peak RSS over start "
-              f"{(ours[f'{name}_peak_rss'] - ours['baseline_rss']) / 2**20:.0f} MiB")
+              f"(target {TARGETS[name]}x); peak RSS {ours[f'{name}_peak_rss'] / 2**20:.0f} "
+              f"MiB ({ours[f'{name}_peak_over_start'] / 2**20:+.0f} MiB over its start)")
     from arrangedb.pager import RSS_ALLOWANCE as allowance
     for name in TARGETS:
         assert ours[f"{name}_peak_rss"] <= ours["budget"] + allowance, name

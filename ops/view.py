@@ -45,6 +45,7 @@ from arrangedb.ops.planner import params
 from arrangedb.spine import Columns, Trace, roles
 
 PER_KEY_OPS = ("join", "reduce", "distinct", "top_k", "threshold")
+KEYS_PER_STEP = 1 << 16   # touched keys looked up and recomputed at once (bounds memory)
 _DIFF = "__view_diff"
 _TIME = "__view_time"
 
@@ -173,13 +174,23 @@ class View(Trace):
             return
         changes = [t.changes(lower, upper).read_all() for t in self.inputs]
         for t, at_t in _by_time(changes):
-            self._insert_delta(self._per_key_delta(at_t, t), t)
+            keys = self._touched_keys(at_t)
+            if keys.num_rows == 0:
+                continue
+            out = self.appender()   # one time, many steps: sorted and spilled as they come
+            try:
+                for lo in range(0, keys.num_rows, KEYS_PER_STEP):
+                    delta = self._per_key_delta(keys.slice(lo, KEYS_PER_STEP), t)
+                    out.add(_at_time_table(delta, t), time=_TIME, diff=_DIFF)
+                out.finish()
+            except BaseException:
+                out.abort()
+                raise
 
     def _insert_delta(self, delta: pa.Table | None, time: int) -> None:
         if delta is None or delta.num_rows == 0:
             return
-        delta = delta.append_column(_TIME, pa.array(np.full(delta.num_rows, time, np.uint64)))
-        self.insert(delta, time=_TIME, diff=_DIFF)
+        self.insert(_at_time_table(delta, time), time=_TIME, diff=_DIFF)
 
     def _old_rows(self, keys: pa.Table) -> pa.Table:
         """The view's rows of ``keys``, as retractions (diff: minus their count)."""
@@ -193,15 +204,19 @@ class View(Trace):
             np.ones(table.num_rows, np.int64))
         return table.select(cols).append_column(_DIFF, diff.cast(pa.int64()))
 
-    def _per_key_delta(self, changes: list[pa.Table], time: int) -> pa.Table | None:
-        node = self.plan._node
+    def _touched_keys(self, changes: list[pa.Table]) -> pa.Table:
+        """The distinct keys the inputs' changes touch, sorted (named as the first
+        input's)."""
         first = self.inputs[0]
         keys = pa.concat_tables([c.select(t.key_names).rename_columns(first.key_names)
                                  for c, t in zip(changes, self.inputs)])
-        if keys.num_rows == 0:
-            return None
-        keys = keys.group_by(first.key_names).aggregate([]).sort_by(
+        return keys.group_by(first.key_names).aggregate([]).sort_by(
             [(k, "ascending") for k in first.key_names])
+
+    def _per_key_delta(self, keys: pa.Table, time: int) -> pa.Table:
+        """The view's change at ``time`` for ``keys``: their old rows retracted, the
+        operator's output over just their rows inserted."""
+        node = self.plan._node
         subs = {}
         try:
             for t in self.inputs:   # each input's rows of the touched keys, at ``time``
@@ -367,6 +382,10 @@ def _default_key(node) -> list[str]:
         return list(direct[0].key_names)
     weight = roles.role_column(node.schema, roles.WEIGHT)
     return [f.name for f in node.schema if f.name != weight]
+
+
+def _at_time_table(table: pa.Table, time: int) -> pa.Table:
+    return table.append_column(_TIME, pa.array(np.full(table.num_rows, time, np.uint64)))
 
 
 def _plain(f: pa.Field) -> pa.Field:
