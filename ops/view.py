@@ -18,30 +18,34 @@ How a change is computed, by the plan's shape:
     touch are looked up in the inputs (a batched, sorted lookup), the same operator runs
     over just those keys' rows, and the view's old rows of those keys are retracted and
     the new ones inserted -- what differential dataflow's ``reduce`` does. Cost follows
-    the touched keys' groups, not the inputs' size; min, max and count_distinct are
-    recomputed from the touched groups, never from the whole input.
+    the touched keys' groups, not the inputs' size; the touched keys go 65,536 at a time.
+``stored aggregates``
+    ``reduce`` with counts and sums, minimums and maximums of numbers: most keys' new
+    rows come from their stored rows and the changes alone
+    (:mod:`arrangedb.ops.view_reduce`); the rest take the per-key path.
 ``linear``
     ``group_by(join(A, B), by, aggs)`` with a count and any sums: the join's changes
     (dA x B + A' x dB, the incremental join) are grouped and added to the groups' stored
     aggregates; a group whose count reaches zero is retracted.
 ``whole``
     Any other plan: it runs again and the difference from the view's contents is
-    inserted. Correct for every plan; as costly as the plan. ``stats()["refresh_kind"]``
-    says which of the three a view uses.
+    inserted. Correct for every plan; as costly as the plan; exact at the latest time of
+    each refresh (earlier times of one refresh fold onto it). ``stats()["refresh_kind"]``
+    says which of the four a view uses.
 """
 
 from __future__ import annotations
 
-import weakref
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from arrangedb.ops import plan as _plan
-from arrangedb.ops.group_by import group_by
-from arrangedb.ops.join import join
+from arrangedb.ops.aggregate import check_aggs
 from arrangedb.ops.planner import params
+from arrangedb.ops.view_linear import apply_linear, summed_nulls
+from arrangedb.ops.view_reduce import eligible as stored_eligible, stored_delta
 from arrangedb.spine import Columns, Trace, roles
 
 PER_KEY_OPS = ("join", "reduce", "distinct", "top_k", "threshold")
@@ -123,10 +127,11 @@ class View(Trace):
         if not self.inputs:
             raise ValueError("a view needs a plan that reads at least one trace")
         self.kind = _kind(node)
-        if self.kind == "linear" and _summed_nulls(node):
+        if self.kind == "linear" and summed_nulls(node):
             self.kind = "whole"   # a group of nulls alone sums to null: not from changes
         self._refreshing = False
         self.refreshes = 0
+        self.keys_from_state = self.keys_recomputed = 0
         for t in self.inputs:
             t.add_view(self)
 
@@ -166,11 +171,12 @@ class View(Trace):
 
     def _apply(self, lower: int, upper: int) -> None:
         if self.kind == "linear":
-            self._apply_linear(lower, upper)
+            if not apply_linear(self, lower, upper):
+                self.kind = "whole"   # for good: a group of nulls alone sums to null
         if self.kind == "whole":   # exact at upper - 1; earlier times fold onto it
-            self._insert_delta(self._whole_delta(), upper - 1)
+            self.insert_delta(self._whole_delta(), upper - 1)
             return
-        if self.kind != "per key":
+        if self.kind not in ("per key", "stored aggregates"):
             return
         changes = [t.changes(lower, upper).read_all() for t in self.inputs]
         for t, at_t in _by_time(changes):
@@ -179,6 +185,14 @@ class View(Trace):
                 continue
             out = self.appender()   # one time, many steps: sorted and spilled as they come
             try:
+                if self.kind == "stored aggregates":   # most keys from their stored rows
+                    aggs = _checked_aggs(params(self.plan._node))
+                    kept, slow = stored_delta(self, aggs, at_t[0])
+                    self.keys_from_state += keys.num_rows - slow.num_rows
+                    keys = slow
+                    if kept is not None:
+                        out.add(_at_time_table(kept, t), time=_TIME, diff=_DIFF)
+                self.keys_recomputed += keys.num_rows
                 for lo in range(0, keys.num_rows, KEYS_PER_STEP):
                     delta = self._per_key_delta(keys.slice(lo, KEYS_PER_STEP), t)
                     out.add(_at_time_table(delta, t), time=_TIME, diff=_DIFF)
@@ -187,12 +201,17 @@ class View(Trace):
                 out.abort()
                 raise
 
-    def _insert_delta(self, delta: pa.Table | None, time: int) -> None:
+    def insert_delta(self, delta: pa.Table | None, time: int) -> None:
+        """Insert rows with a ``__view_diff`` column, at ``time``."""
         if delta is None or delta.num_rows == 0:
             return
         self.insert(_at_time_table(delta, time), time=_TIME, diff=_DIFF)
 
-    def _old_rows(self, keys: pa.Table) -> pa.Table:
+    def stored_rows(self, keys: pa.Table) -> pa.Table:
+        """The view's rows of ``keys`` as stored, without refreshing first."""
+        return Trace.lookup(self, keys)
+
+    def retractions(self, keys: pa.Table) -> pa.Table:
         """The view's rows of ``keys``, as retractions (diff: minus their count)."""
         old = Trace.lookup(self, keys)
         cols = self.key_names + self.val_names
@@ -233,50 +252,18 @@ class View(Trace):
             for sub in subs.values():
                 sub.close()
         out_keys = keys.rename_columns(self.key_names)
-        return pa.concat_tables([self._old_rows(out_keys),
-                                 self._new_rows(new).cast(self._delta_schema())])
-
-    def _apply_linear(self, lower: int, upper: int) -> None:
-        g = params(self.plan._node)
-        j = params(g["stream"]._node)
-        changes = join(j["left"], j["right"], since=lower, upto=upper).read_all()
-        if any(changes.column(c).null_count for c in _summed(g["aggs"])):
-            self.kind = "whole"   # for good: a group of nulls alone sums to null
-            return
-        for t, (at_t,) in _by_time([changes]):
-            delta = group_by(at_t.drop_columns(["time"]), g["by"], g["aggs"],
-                             weight="diff", engine=g["engine"]).read_all()
-            self._insert_delta(self._added(delta, g["aggs"]), t)
-
-    def _added(self, delta: pa.Table, aggs: dict) -> pa.Table | None:
-        """The view's rows of ``delta``'s groups retracted, and their sums with
-        ``delta`` inserted (a group whose count reaches zero: retracted only)."""
-        if delta.num_rows == 0:
-            return None
-        keys = delta.select(self.key_names)
-        old = Trace.lookup(self, keys)
-        qi = old.column("query_index").to_numpy()
-        new_cols = []
-        for name in self.val_names:   # a group the view lacks starts from zero
-            d = delta.column(name).combine_chunks()
-            before = _scatter(old.column(name).combine_chunks(), qi, delta.num_rows, d.type)
-            new_cols.append(pc.add(before, d.fill_null(pa.scalar(0, d.type))))
-        count = next(n for n, (fn, col) in aggs.items() if fn == "count" and col is None)
-        alive = pc.greater(new_cols[self.val_names.index(count)], 0).to_numpy(
-            zero_copy_only=False)
-        new = pa.table(dict(zip(self.key_names, keys.columns)) |
-                       dict(zip(self.val_names, new_cols))).filter(pa.array(alive))
-        new = new.append_column(_DIFF, pa.array(np.ones(new.num_rows, np.int64)))
-        return pa.concat_tables([self._old_rows(keys), new.cast(self._delta_schema())])
+        return pa.concat_tables([self.retractions(out_keys),
+                                 self._new_rows(new).cast(self.delta_schema())])
 
     def _whole_delta(self) -> pa.Table:
-        new = self._new_rows(self.plan.read_all()).cast(self._delta_schema())
+        new = self._new_rows(self.plan.read_all()).cast(self.delta_schema())
         old = Trace.snapshot(self).read_all()
         cols = self.key_names + self.val_names
         old = old.select(cols).append_column(_DIFF, pc.negate(old.column("count")))
         return pa.concat_tables([old, new])
 
-    def _delta_schema(self) -> pa.Schema:
+    def delta_schema(self) -> pa.Schema:
+        """The view's columns and ``__view_diff``: what :meth:`insert_delta` takes."""
         fields = list(self.key_schema) + (list(self.val_schema) if self.val_schema else [])
         return pa.schema(fields + [pa.field(_DIFF, pa.int64())])
 
@@ -298,7 +285,8 @@ class View(Trace):
         s = super().stats()
         uppers = [t.upper() for t in self.inputs]
         s.update(input_uppers=uppers, lag=max(uppers) - self._upper,
-                 refresh_kind=self.kind, refreshes=self.refreshes)
+                 refresh_kind=self.kind, refreshes=self.refreshes,
+                 keys_from_state=self.keys_from_state, keys_recomputed=self.keys_recomputed)
         return s
 
 
@@ -331,6 +319,11 @@ def _traces(node) -> list:
 def _kind(node) -> str:
     direct = node.inputs()
     if node.op in PER_KEY_OPS and direct and all(isinstance(x, Trace) for x in direct):
+        if node.op == "reduce":
+            p = params(node)
+            if p["at"] is None and p["since"] is None and stored_eligible(
+                    _checked_aggs(p), p["trace"].val_schema):
+                return "stored aggregates"
         return "per key"
     if node.op == "group_by" and not node.one_shot:
         g = params(node)
@@ -348,29 +341,21 @@ def _kind(node) -> str:
     return "whole"
 
 
+def _checked_aggs(p: dict) -> dict:
+    """A reduce's aggregates as it reads them ((function, column) per output)."""
+    return check_aggs(p["aggs"], p["trace"].val_schema, "the view's input")
+
+
 def _by_time(changes: list[pa.Table]):
     """(time, the changes at that time) for every time some change holds, in order."""
-    times = np.unique(np.concatenate(
-        [c.column("time").to_numpy() for c in changes] or [np.zeros(0, np.uint64)]))
-    for t in times.tolist():
+    times = np.concatenate([c.column("time").to_numpy() for c in changes]
+                           or [np.zeros(0, np.uint64)])
+    if len(times) and times.min() == times.max():   # one insert since the last refresh
+        yield int(times[0]), changes
+        return
+    for t in np.unique(times).tolist():
         yield t, [c.filter(pc.equal(c.column("time"), pa.scalar(t, pa.uint64())))
                   for c in changes]
-
-
-def _summed(aggs: dict) -> list[str]:
-    return [col for fn, col in aggs.values() if fn == "sum"]
-
-
-def _summed_nulls(node) -> bool:
-    """Whether a column a linear view sums holds a null in its input (a scan, once)."""
-    g = params(node)
-    j = params(g["stream"]._node)
-    summed = set(_summed(g["aggs"]))
-    for t in (j["left"], j["right"]):
-        cols = [c for c in t.val_names if c in summed]
-        if cols and any(b.column(c).null_count for b in t.snapshot() for c in cols):
-            return True
-    return False
 
 
 def _default_key(node) -> list[str]:
@@ -401,16 +386,3 @@ def _at_time(reader: pa.RecordBatchReader, time: int) -> pa.RecordBatchReader:
             yield pa.RecordBatch.from_arrays(
                 b.columns + [pa.array(np.full(b.num_rows, time, np.uint64))], schema=schema)
     return pa.RecordBatchReader.from_batches(schema, gen())
-
-
-def _scatter(values: pa.Array, positions: np.ndarray, n: int, t: pa.DataType) -> pa.Array:
-    """``n`` zeros of type ``t`` with ``values`` placed at ``positions``."""
-    out = pa.array(np.zeros(n, np.int64)).cast(t)
-    if not len(positions):
-        return out
-    idx = np.zeros(n, np.int64)
-    idx[positions] = np.arange(len(positions))
-    present = np.zeros(n, dtype=bool)
-    present[positions] = True
-    taken = values.cast(t).fill_null(pa.scalar(0, t)).take(pa.array(idx))
-    return pc.if_else(pa.array(present), taken, out)

@@ -56,6 +56,9 @@ def _delta(rng, trace, n, keys, skew):
 
 PLANS = {
     "reduce": lambda f, d: reduce(f, AGGS),
+    "extremes per key": lambda f, d: reduce(f, {"n": ("count", None), "s": ("sum", "x"),
+                                                "lo": ("min", "x"), "hi": ("max", "y")}),
+    "max per key, no count": lambda f, d: reduce(f, {"hi": ("max", "y"), "s": ("sum", "y")}),
     "distinct": lambda f, d: distinct(f),
     "top_k": lambda f, d: top_k(f, 2, by="x"),
     "threshold": lambda f, d: threshold(f, lambda c: c >= 2),
@@ -70,6 +73,7 @@ PLANS = {
     "max per group": lambda f, d: group_by(join(f, d), by="g", aggs={"hi": ("max", "x")}),
 }
 KINDS = {"count and sum per group": "linear", "max per group": "whole",
+         "extremes per key": "stored aggregates", "max per key, no count": "stored aggregates",
          "sum of a column with nulls": "whole"}
 
 
@@ -100,6 +104,8 @@ def test_a_view_reads_as_its_plan_at_every_time(tmp_path_factory, shape, seed, s
             upper = view.refresh()
             assert upper == max(t.upper() for t in view.inputs)
             expected[upper - 1] = _bag(plan.read_all(), weight)
+        if KINDS.get(shape) == "stored aggregates" and fact_side != "dims":
+            assert view.stats()["keys_from_state"] > 0   # most keys: from their stored row
         names = [c for c in plan.schema.names if c != weight]
         for at, want in expected.items():
             got = view.snapshot(at=at).read_all()

@@ -1,0 +1,90 @@
+"""A view of ``group_by(join(A, B), by, aggs)`` with a count and sums, kept from the
+join's changes.
+
+The incremental join gives the joined rows' changes at each time (dA x B + A' x dB);
+grouped and weighed by their diffs they are each group's change of count and sums, which
+is added to the group's stored row. A group whose count reaches zero is retracted. A sum
+over a group holding only nulls is null, which changes cannot tell from a sum of zero:
+a view whose summed columns hold a null is recomputed whole instead (the caller's part,
+when :func:`apply_linear` returns False).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from arrangedb.ops.group_by import group_by
+from arrangedb.ops.join import join
+from arrangedb.ops.planner import params
+from arrangedb.spine import Trace
+
+
+def apply_linear(view, lower: int, upper: int) -> bool:
+    """Insert the view's changes at each time in ``[lower, upper)``; False (nothing
+    inserted) when a summed column's changes hold a null."""
+    g = params(view.plan._node)
+    j = params(g["stream"]._node)
+    changes = join(j["left"], j["right"], since=lower, upto=upper).read_all()
+    if any(changes.column(c).null_count for c in summed(g["aggs"])):
+        return False
+    times = changes.column("time").to_numpy()
+    for t in np.unique(times).tolist():
+        at_t = changes.filter(pa.array(times == t)) if times.min() != times.max() else changes
+        delta = group_by(at_t.drop_columns(["time"]), g["by"], g["aggs"],
+                         weight="diff", engine=g["engine"]).read_all()
+        view.insert_delta(added(view, delta, g["aggs"]), t)
+    return True
+
+
+def added(view, delta: pa.Table, aggs: dict) -> pa.Table | None:
+    """The view's rows of ``delta``'s groups retracted, and their sums with ``delta``
+    inserted (a group whose count reaches zero: retracted only)."""
+    if delta.num_rows == 0:
+        return None
+    keys = delta.select(view.key_names)
+    old = Trace.lookup(view, keys)
+    qi = old.column("query_index").to_numpy()
+    new_cols = []
+    for name in view.val_names:   # a group the view lacks starts from zero
+        d = delta.column(name).combine_chunks()
+        before = _scatter(old.column(name).combine_chunks(), qi, delta.num_rows, d.type)
+        new_cols.append(pc.add(before, d.fill_null(pa.scalar(0, d.type))))
+    count = next(n for n, (fn, col) in aggs.items() if fn == "count" and col is None)
+    alive = pc.greater(new_cols[view.val_names.index(count)], 0).to_numpy(
+        zero_copy_only=False)
+    new = pa.table(dict(zip(view.key_names, keys.columns)) |
+                   dict(zip(view.val_names, new_cols))).filter(pa.array(alive))
+    new = new.append_column("__view_diff", pa.array(np.ones(new.num_rows, np.int64)))
+    return pa.concat_tables([view.retractions(keys), new.cast(view.delta_schema())])
+
+
+def summed(aggs: dict) -> list[str]:
+    """The columns the aggregates sum."""
+    return [col for fn, col in aggs.values() if fn == "sum"]
+
+
+def summed_nulls(node) -> bool:
+    """Whether a column a linear view sums holds a null in its input (a scan, once)."""
+    g = params(node)
+    j = params(g["stream"]._node)
+    columns = set(summed(g["aggs"]))
+    for t in (j["left"], j["right"]):
+        cols = [c for c in t.val_names if c in columns]
+        if cols and any(b.column(c).null_count for b in t.snapshot() for c in cols):
+            return True
+    return False
+
+
+def _scatter(values: pa.Array, positions: np.ndarray, n: int, t: pa.DataType) -> pa.Array:
+    """``n`` zeros of type ``t`` with ``values`` placed at ``positions``."""
+    out = pa.array(np.zeros(n, np.int64)).cast(t)
+    if not len(positions):
+        return out
+    idx = np.zeros(n, np.int64)
+    idx[positions] = np.arange(len(positions))
+    present = np.zeros(n, dtype=bool)
+    present[positions] = True
+    taken = values.cast(t).fill_null(pa.scalar(0, t)).take(pa.array(idx))
+    return pc.if_else(pa.array(present), taken, out)

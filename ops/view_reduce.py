@@ -1,0 +1,124 @@
+"""A reduce view's change from its stored aggregates: per-key state, not whole groups.
+
+For ``reduce(trace, aggs)`` with counts, sums, minimums and maximums, the view's own row
+of a key is the state its next value is computed from (the way a maintained aggregate
+keeps its running value): a key's change at one time is summed into its counts and
+sums, and its new maximum is the larger of the stored one and the values inserted --
+as long as no value retracted reaches the stored maximum (minimums alike). Only keys
+where that does not hold -- the extreme retracted, a null among the changed values or
+the stored aggregates, a group that may have emptied without a count to tell -- are
+recomputed from their rows by the view's per-key path.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+FAST = ("count", "sum", "min", "max")
+
+
+def eligible(aggs: dict, val_schema: pa.Schema | None) -> bool:
+    """Whether every aggregate can be kept from the stored row and the changes: counts,
+    and sums, minimums and maximums of integer or float columns."""
+    for fn, col in aggs.values():
+        if fn not in FAST:
+            return False
+        if col is not None:
+            t = val_schema.field(col).type
+            if not (pa.types.is_integer(t) or pa.types.is_floating(t)):
+                return False
+    return True
+
+
+def _values(arr, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """(values with nulls as 0, valid mask) of an Arrow column."""
+    arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+    valid = np.ones(len(arr), dtype=bool) if arr.null_count == 0 else \
+        arr.is_valid().to_numpy(zero_copy_only=False)
+    filled = arr.fill_null(pa.scalar(0, arr.type)) if arr.null_count else arr
+    return filled.to_numpy(zero_copy_only=False).astype(dtype, copy=False), valid
+
+
+def stored_delta(view, aggs: dict, changes: pa.Table) -> tuple[pa.Table | None, pa.Table]:
+    """(the view's change for the keys it can keep from their stored rows, the keys it
+    must recompute). ``changes``: the input's changes at one time."""
+    keys = view.key_names
+    diff = changes.column("diff")
+    up, down = pc.greater(diff, 0), pc.less(diff, 0)
+    cols = sorted({c for _, c in aggs.values() if c is not None})
+    work = {k: changes.column(k) for k in keys}
+    work["__d"] = diff
+    work["__down"] = pc.cast(down, pa.int64())
+    specs = [("__d", "sum"), ("__down", "sum")]
+    for c in cols:
+        col = changes.column(c)
+        work[f"{c}__in"] = pc.if_else(up, col, pa.nulls(len(col), col.type))
+        work[f"{c}__out"] = pc.if_else(down, col, pa.nulls(len(col), col.type))
+        work[f"{c}__nulls"] = pc.cast(pc.is_null(col), pa.int64())
+        work[f"{c}__w"] = pc.multiply(col, pc.cast(diff, col.type))
+        specs += [(f"{c}__in", "max"), (f"{c}__in", "min"), (f"{c}__out", "max"),
+                  (f"{c}__out", "min"), (f"{c}__nulls", "sum"), (f"{c}__w", "sum")]
+    per_key = pa.table(work).group_by(keys).aggregate(specs)
+    per_key = per_key.sort_by([(k, "ascending") for k in keys])
+    n = per_key.num_rows
+    key_table = per_key.select(keys)
+    old = view.stored_rows(key_table)
+    qi = old.column("query_index").to_numpy()
+    had = np.zeros(n, dtype=bool)
+    had[qi] = True
+    retracts = per_key.column("__down_sum").to_numpy() > 0
+    dn = per_key.column("__d_sum").to_numpy()
+
+    fast = np.ones(n, dtype=bool)
+    alive = np.ones(n, dtype=bool)
+    known = ~retracts          # whether the group is known to keep a row (or be gone)
+    new_cols = {}
+    for name, (fn, c) in aggs.items():
+        t = view.val_schema.field(name).type
+        dtype = np.float64 if pa.types.is_floating(t) else np.int64
+        prev = np.zeros(n, dtype)
+        stored, stored_valid = _values(old.column(name), dtype)
+        prev[qi] = stored
+        fast[qi[~stored_valid]] = False   # a stored null: a group of nulls alone
+        if c is not None:
+            fast &= per_key.column(f"{c}__nulls_sum").to_numpy() == 0
+        if fn == "count":
+            new_cols[name] = prev + dn   # no nulls among the changes: rows are values
+            if c is None:
+                known[:] = True
+                alive &= new_cols[name] > 0
+        elif fn == "sum":
+            delta, _ = _values(per_key.column(f"{c}__w_sum"), dtype)
+            new_cols[name] = prev + delta
+        else:
+            ins, has_in = _values(per_key.column(f"{c}__in_{fn}"), dtype)
+            out, has_out = _values(per_key.column(f"{c}__out_{fn}"), dtype)
+            if fn == "max":
+                stays = ~has_out | (out < prev)
+                value = np.where(has_in, np.maximum(prev, ins), prev)
+            else:
+                stays = ~has_out | (out > prev)
+                value = np.where(has_in, np.minimum(prev, ins), prev)
+            # a new group: its extreme is what was inserted, if nothing was retracted
+            value = np.where(had, value, ins)
+            stays = np.where(had, stays, ~has_out & has_in)
+            fast &= stays
+            known |= stays
+            new_cols[name] = value
+    fast &= known   # without a count, a group whose extreme left may have emptied
+    slow = key_table.filter(pa.array(~fast))
+    if not fast.any():
+        return None, slow
+    rows = np.flatnonzero(fast)
+    keep = pa.array(rows[alive[rows]])
+    inserted = {k: key_table.column(k).take(keep) for k in keys}
+    for name in view.val_names:
+        inserted[name] = pa.array(new_cols[name]).take(keep).cast(
+            view.val_schema.field(name).type)
+    inserted["__view_diff"] = pa.array(np.ones(len(keep), np.int64))
+    retracted = view.retractions(key_table.filter(pa.array(fast & had)))
+    fields = list(view.key_schema) + list(view.val_schema or [])
+    schema = pa.schema(fields + [pa.field("__view_diff", pa.int64())])
+    return pa.concat_tables([retracted, pa.table(inserted).cast(schema)]), slow
