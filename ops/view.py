@@ -180,18 +180,18 @@ class View(Trace):
             return
         changes = [t.changes(lower, upper).read_all() for t in self.inputs]
         for t, at_t in _by_time(changes):
-            keys = self._touched_keys(at_t)
-            if keys.num_rows == 0:
+            if sum(c.num_rows for c in at_t) == 0:
                 continue
             out = self.appender()   # one time, many steps: sorted and spilled as they come
             try:
                 if self.kind == "stored aggregates":   # most keys from their stored rows
                     aggs = _checked_aggs(params(self.plan._node))
-                    kept, slow = stored_delta(self, aggs, at_t[0])
-                    self.keys_from_state += keys.num_rows - slow.num_rows
-                    keys = slow
+                    kept, keys, kept_keys = stored_delta(self, aggs, at_t[0])
+                    self.keys_from_state += kept_keys
                     if kept is not None:
                         out.add(_at_time_table(kept, t), time=_TIME, diff=_DIFF)
+                else:
+                    keys = self._touched_keys(at_t)
                 self.keys_recomputed += keys.num_rows
                 for lo in range(0, keys.num_rows, KEYS_PER_STEP):
                     delta = self._per_key_delta(keys.slice(lo, KEYS_PER_STEP), t)

@@ -41,27 +41,15 @@ def _values(arr, dtype) -> tuple[np.ndarray, np.ndarray]:
     return filled.to_numpy(zero_copy_only=False).astype(dtype, copy=False), valid
 
 
-def stored_delta(view, aggs: dict, changes: pa.Table) -> tuple[pa.Table | None, pa.Table]:
+def stored_delta(view, aggs: dict, changes: pa.Table
+                 ) -> tuple[pa.Table | None, pa.Table, int]:
     """(the view's change for the keys it can keep from their stored rows, the keys it
-    must recompute). ``changes``: the input's changes at one time."""
+    must recompute, how many it kept). ``changes``: the input's changes at one time."""
     keys = view.key_names
-    diff = changes.column("diff")
-    up, down = pc.greater(diff, 0), pc.less(diff, 0)
     cols = sorted({c for _, c in aggs.values() if c is not None})
-    work = {k: changes.column(k) for k in keys}
-    work["__d"] = diff
-    work["__down"] = pc.cast(down, pa.int64())
-    specs = [("__d", "sum"), ("__down", "sum")]
-    for c in cols:
-        col = changes.column(c)
-        work[f"{c}__in"] = pc.if_else(up, col, pa.nulls(len(col), col.type))
-        work[f"{c}__out"] = pc.if_else(down, col, pa.nulls(len(col), col.type))
-        work[f"{c}__nulls"] = pc.cast(pc.is_null(col), pa.int64())
-        work[f"{c}__w"] = pc.multiply(col, pc.cast(diff, col.type))
-        specs += [(f"{c}__in", "max"), (f"{c}__in", "min"), (f"{c}__out", "max"),
-                  (f"{c}__out", "min"), (f"{c}__nulls", "sum"), (f"{c}__w", "sum")]
-    per_key = pa.table(work).group_by(keys).aggregate(specs)
-    per_key = per_key.sort_by([(k, "ascending") for k in keys])
+    per_key = _sorted_runs(changes, keys, cols)
+    if per_key is None:
+        per_key = _hashed(changes, keys, cols)
     n = per_key.num_rows
     key_table = per_key.select(keys)
     old = view.stored_rows(key_table)
@@ -110,7 +98,7 @@ def stored_delta(view, aggs: dict, changes: pa.Table) -> tuple[pa.Table | None, 
     fast &= known   # without a count, a group whose extreme left may have emptied
     slow = key_table.filter(pa.array(~fast))
     if not fast.any():
-        return None, slow
+        return None, slow, 0
     rows = np.flatnonzero(fast)
     keep = pa.array(rows[alive[rows]])
     inserted = {k: key_table.column(k).take(keep) for k in keys}
@@ -118,7 +106,66 @@ def stored_delta(view, aggs: dict, changes: pa.Table) -> tuple[pa.Table | None, 
         inserted[name] = pa.array(new_cols[name]).take(keep).cast(
             view.val_schema.field(name).type)
     inserted["__view_diff"] = pa.array(np.ones(len(keep), np.int64))
-    retracted = view.retractions(key_table.filter(pa.array(fast & had)))
+    gone = pa.array(fast[qi])   # the stored rows of the keys kept here, retracted
+    retracted = old.filter(gone).select(keys + view.val_names).append_column(
+        "__view_diff", pc.negate(old.column("count").filter(gone)))
     fields = list(view.key_schema) + list(view.val_schema or [])
     schema = pa.schema(fields + [pa.field("__view_diff", pa.int64())])
-    return pa.concat_tables([retracted, pa.table(inserted).cast(schema)]), slow
+    return (pa.concat_tables([retracted, pa.table(inserted).cast(schema)]), slow,
+            int(fast.sum()))
+
+
+def _hashed(changes: pa.Table, keys: list[str], cols: list[str]) -> pa.Table:
+    """Per key of ``changes``: the net diff, retractions, and per column its nulls,
+    weighted sum and the extremes inserted (``__in``) and retracted (``__out``)."""
+    diff = changes.column("diff")
+    up, down = pc.greater(diff, 0), pc.less(diff, 0)
+    work = {k: changes.column(k) for k in keys}
+    work["__d"] = diff
+    work["__down"] = pc.cast(down, pa.int64())
+    specs = [("__d", "sum"), ("__down", "sum")]
+    for c in cols:
+        col = changes.column(c)
+        work[f"{c}__in"] = pc.if_else(up, col, pa.nulls(len(col), col.type))
+        work[f"{c}__out"] = pc.if_else(down, col, pa.nulls(len(col), col.type))
+        work[f"{c}__nulls"] = pc.cast(pc.is_null(col), pa.int64())
+        work[f"{c}__w"] = pc.multiply(col, pc.cast(diff, col.type))
+        specs += [(f"{c}__in", "max"), (f"{c}__in", "min"), (f"{c}__out", "max"),
+                  (f"{c}__out", "min"), (f"{c}__nulls", "sum"), (f"{c}__w", "sum")]
+    per_key = pa.table(work).group_by(keys).aggregate(specs)
+    return per_key.sort_by([(k, "ascending") for k in keys])
+
+
+def _sorted_runs(changes: pa.Table, keys: list[str], cols: list[str]) -> pa.Table | None:
+    """:func:`_hashed`'s table by ``reduceat`` over runs of equal keys, when the changes
+    come sorted by one integer key (a trace's changes at one time do): no hashing."""
+    if len(keys) != 1 or changes.num_rows == 0:
+        return None
+    kcol = changes.column(keys[0])
+    if not pa.types.is_integer(kcol.type) or kcol.null_count:
+        return None
+    k = kcol.to_numpy()
+    if (k[1:] < k[:-1]).any():
+        return None
+    starts = np.flatnonzero(np.concatenate([[True], k[1:] != k[:-1]]))
+    d = changes.column("diff").to_numpy()
+    up, down = d > 0, d < 0
+    out = {keys[0]: pa.array(k[starts], kcol.type),
+           "__d_sum": np.add.reduceat(d, starts),
+           "__down_sum": np.add.reduceat(down.astype(np.int64), starts)}
+    for c in cols:
+        col = changes.column(c)
+        t = col.type
+        dtype = np.float64 if pa.types.is_floating(t) else np.int64
+        v, valid = _values(col, dtype)
+        out[f"{c}__nulls_sum"] = np.add.reduceat((~valid).astype(np.int64), starts)
+        out[f"{c}__w_sum"] = pa.array(np.add.reduceat(np.where(valid, v * d, 0), starts)
+                                      ).cast(t)
+        lo, hi = (-np.inf, np.inf) if dtype is np.float64 else \
+            (np.iinfo(np.int64).min, np.iinfo(np.int64).max)
+        for side, mask in (("in", up & valid), ("out", down & valid)):
+            has = np.add.reduceat(mask.astype(np.int64), starts) == 0
+            for fn, red, fill in (("max", np.maximum, lo), ("min", np.minimum, hi)):
+                r = red.reduceat(np.where(mask, v, fill), starts)
+                out[f"{c}__{side}_{fn}"] = pa.array(r, mask=has).cast(t)
+    return pa.table(out)
