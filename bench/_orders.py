@@ -618,22 +618,30 @@ def duckdb_case(case: str, paths: dict, memory_limit: str, threads: int, workdir
 
 
 # -- subprocess driver ------------------------------------------------------------------------
-def run_worker(system: str, case: str, paths: dict, budget: str, threads: int) -> dict:
-    """Run one (system, case, budget) measurement in a fresh interpreter."""
+def in_subprocess(script: str, spec: dict, label: str) -> dict:
+    """Run ``script --worker SPEC`` in a fresh interpreter (so that its RSS is its own),
+    with a work directory of its own under the bench root, passed as ``spec["workdir"]``
+    and removed afterwards; the JSON of its last output line."""
     workroot = bench_root() / "work"
     workroot.mkdir(parents=True, exist_ok=True)
-    workdir = tempfile.mkdtemp(prefix=f"{system}-{case}-", dir=workroot)
+    workdir = tempfile.mkdtemp(prefix=label.replace("/", "-") + "-", dir=workroot)
     try:
-        args = json.dumps({"system": system, "case": case, "paths": paths, "budget": budget,
-                           "threads": threads, "workdir": workdir})
-        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", args],
+        proc = subprocess.run([sys.executable, os.path.abspath(script), "--worker",
+                               json.dumps({**spec, "workdir": workdir})],
                               capture_output=True, text=True)
         if proc.returncode != 0:
-            raise RuntimeError(f"{system}/{case}/{budget} failed (exit {proc.returncode}):\n"
+            raise RuntimeError(f"{label} failed (exit {proc.returncode}):\n"
                                f"{proc.stderr[-4000:]}")
         return json.loads(proc.stdout.strip().splitlines()[-1])
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def run_worker(system: str, case: str, paths: dict, budget: str, threads: int) -> dict:
+    """Run one (system, case, budget) measurement in a fresh interpreter."""
+    return in_subprocess(__file__, {"system": system, "case": case, "paths": paths,
+                                    "budget": budget, "threads": threads},
+                         f"{system}/{case}/{budget}")
 
 
 def _worker_main(spec: dict) -> dict:

@@ -63,8 +63,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -539,21 +537,10 @@ def run_worker(system: str, shape: str, cases, src: dict, budget: str = BUDGET,
     """Measure ``cases`` of one (system, shape) in a fresh interpreter, one after the
     other; {case: figures}. Figures are clean with one case per call (no case sees the
     memory an earlier one left); several share the interpreter's start-up (smoke size)."""
-    workroot = bench_root() / "work"
-    workroot.mkdir(parents=True, exist_ok=True)
-    workdir = tempfile.mkdtemp(prefix=f"{system}-{shape}-", dir=workroot)
-    try:
-        spec = json.dumps({"system": system, "shape": shape, "cases": list(cases),
-                           "src": src, "budget": budget, "threads": threads,
-                           "workdir": workdir})
-        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", spec],
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{system}/{shape}/{cases} failed (exit {proc.returncode}):\n"
-                               f"{proc.stderr[-4000:]}")
-        return json.loads(proc.stdout.strip().splitlines()[-1])
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    return _orders.in_subprocess(__file__, {"system": system, "shape": shape,
+                                            "cases": list(cases), "src": src,
+                                            "budget": budget, "threads": threads},
+                                 f"{system}/{shape}/{','.join(cases)}")
 
 
 def measure(shape: str, cases, src: dict, budget: str = BUDGET, threads: int = 2) -> dict:
