@@ -211,18 +211,20 @@ def apply_delta(result: pa.Table, delta: pa.Table) -> pa.Table:
 
 
 def compare_results(ours: dict, theirs: dict, rel_tol: float = REL_TOL) -> list[str]:
-    """Differences between two {region: [count, sum]}: counts exact, sums to rel_tol."""
+    """Differences between two {group: [aggregates]}: integers (counts) exact, floats
+    (sums) to ``rel_tol``; an empty result is a difference too."""
     problems = []
-    for region in sorted(set(ours) | set(theirs)):
-        if region not in ours or region not in theirs:
-            problems.append(f"{region}: only in {'ours' if region in ours else 'theirs'}")
+    for g in sorted(set(ours) | set(theirs)):
+        if g not in ours or g not in theirs:
+            problems.append(f"{g}: only in {'ours' if g in ours else 'theirs'}")
             continue
-        (n1, s1), (n2, s2) = ours[region], theirs[region]
-        if n1 != n2:
-            problems.append(f"{region}: count {n1} != {n2}")
-        if not math.isclose(s1, s2, rel_tol=rel_tol, abs_tol=0.0):
-            problems.append(f"{region}: sum {s1!r} != {s2!r} (rel diff "
-                            f"{abs(s1 - s2) / max(abs(s1), abs(s2)):.3g})")
+        for i, (a, b) in enumerate(zip(ours[g], theirs[g])):
+            if isinstance(a, int) and isinstance(b, int):
+                if a != b:
+                    problems.append(f"{g}: aggregate {i}: {a} != {b}")
+            elif not math.isclose(a, b, rel_tol=rel_tol, abs_tol=0.0):
+                problems.append(f"{g}: aggregate {i}: {a!r} != {b!r} (rel diff "
+                                f"{abs(a - b) / max(abs(a), abs(b)):.3g})")
     if not ours or not theirs:
         problems.append("an empty result")
     return problems

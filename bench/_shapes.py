@@ -86,7 +86,6 @@ CHUNK = 1 << 20   # orders per generated chunk; row groups of CHUNK rows
 SEED = 42
 DELTA_SEED = 7
 DELTA_FRACTION = 0.01
-REL_TOL = _orders.REL_TOL
 CASES = _orders.CASES
 BUDGET = "512MiB"
 NATIONS = ["ALGERIA", "ARGENTINA", "BRAZIL", "CANADA", "EGYPT", "ETHIOPIA", "FRANCE",
@@ -368,23 +367,7 @@ def apply_delta(shape: Shape, result: pa.Table, change: pa.Table) -> pa.Table:
     return out.filter(pc.not_equal(out["n"], 0))
 
 
-def compare_results(ours: dict, theirs: dict, rel_tol: float = REL_TOL) -> list[str]:
-    """Differences between two {group: [aggregates]}: integers exact, floats to rel_tol."""
-    problems = []
-    for g in sorted(set(ours) | set(theirs)):
-        if g not in ours or g not in theirs:
-            problems.append(f"{g}: only in {'ours' if g in ours else 'theirs'}")
-            continue
-        for i, (a, b) in enumerate(zip(ours[g], theirs[g])):
-            if isinstance(a, int) and isinstance(b, int):
-                if a != b:
-                    problems.append(f"{g}: aggregate {i}: {a} != {b}")
-            elif not abs(a - b) <= rel_tol * max(abs(a), abs(b)):
-                problems.append(f"{g}: aggregate {i}: {a!r} != {b!r} (rel diff "
-                                f"{abs(a - b) / max(abs(a), abs(b)):.3g})")
-    if not ours or not theirs:
-        problems.append("an empty result")
-    return problems
+compare_results = _orders.compare_results
 
 
 # -- arrangedb --------------------------------------------------------------------------------
