@@ -158,6 +158,20 @@ def _num_rows(path: str) -> int:
     return pq.ParquetFile(path).metadata.num_rows
 
 
+def rows_at(path: str, positions: np.ndarray, columns: list[str]) -> pa.Table:
+    """The rows at sorted ``positions`` of a Parquet file, row group by row group."""
+    pf = pq.ParquetFile(path)
+    pieces, start = [], 0
+    for g in range(pf.num_row_groups):
+        n = pf.metadata.row_group(g).num_rows
+        lo, hi = np.searchsorted(positions, [start, start + n])
+        if hi > lo:
+            t = pf.read_row_group(g, columns=columns)
+            pieces.append(t.take(pa.array(positions[lo:hi] - start)))
+        start += n
+    return pa.concat_tables(pieces)
+
+
 def _ensure_delta(root: Path, orders_path: str, n_orders: int) -> Path:
     """``delta.parquet``: order_id, customer_id, old_amount, new_amount for a fixed-seed 1%.
 
@@ -171,19 +185,10 @@ def _ensure_delta(root: Path, orders_path: str, n_orders: int) -> Path:
     k = max(1, int(round(n_orders * DELTA_FRACTION)))
     ids = np.sort(rng.choice(n_orders, size=k, replace=False)).astype(np.int64)
     new_amount = np.round(rng.uniform(1.0, 500_000.0, k), 2)
-    pf = pq.ParquetFile(orders_path)
-    pieces, start = [], 0
-    for g in range(pf.num_row_groups):
-        n = pf.metadata.row_group(g).num_rows
-        lo, hi = np.searchsorted(ids, [start, start + n])
-        if hi > lo:
-            t = pf.read_row_group(g, columns=["order_id", "customer_id", "amount"])
-            sel = t.take(pa.array(ids[lo:hi] - start))
-            if not np.array_equal(sel["order_id"].to_numpy(), ids[lo:hi]):
-                raise RuntimeError("orders.parquet: order_id is not the row position")
-            pieces.append(sel)
-        start += n
-    t = pa.concat_tables(pieces).rename_columns(["order_id", "customer_id", "old_amount"])
+    t = rows_at(orders_path, ids, ["order_id", "customer_id", "amount"])
+    if not np.array_equal(t["order_id"].to_numpy(), ids):
+        raise RuntimeError("orders.parquet: order_id is not the row position")
+    t = t.rename_columns(["order_id", "customer_id", "old_amount"])
     t = t.append_column("new_amount", pa.array(new_amount))
     tmp = out.with_suffix(".tmp")
     pq.write_table(t, tmp)

@@ -179,20 +179,6 @@ def generate(path, scale: float, seed: int = SEED) -> dict:
     return {**meta, **files}
 
 
-def _rows_at(path: str, positions: np.ndarray, columns: list[str]) -> pa.Table:
-    """The rows at sorted ``positions`` of a Parquet file, row group by row group."""
-    pf = pq.ParquetFile(path)
-    pieces, start = [], 0
-    for g in range(pf.num_row_groups):
-        n = pf.metadata.row_group(g).num_rows
-        lo, hi = np.searchsorted(positions, [start, start + n])
-        if hi > lo:
-            t = pf.read_row_group(g, columns=columns)
-            pieces.append(t.take(pa.array(positions[lo:hi] - start)))
-        start += n
-    return pa.concat_tables(pieces)
-
-
 def _sample(path: str, rng) -> np.ndarray:
     n = pq.ParquetFile(path).metadata.num_rows
     k = max(1, int(round(n * DELTA_FRACTION)))
@@ -206,13 +192,13 @@ def _ensure_deltas(root: Path, files: dict, n_customers: int) -> dict:
            "orders_delta": root / f"orders-delta-{DELTA_SEED}.parquet"}
     if not all(p.exists() for p in out.values()):
         rng = np.random.default_rng(DELTA_SEED)
-        li = _rows_at(files["lineitem"], _sample(files["lineitem"], rng),
+        li = _orders.rows_at(files["lineitem"], _sample(files["lineitem"], rng),
                       ["l_orderkey", "l_linenumber", "l_quantity", "l_extendedprice"])
         qty = li["l_quantity"].to_numpy()
         new_price = np.round(qty * rng.uniform(9.0, 2000.0, li.num_rows), 2)
         li = pa.table({"l_orderkey": li["l_orderkey"], "l_linenumber": li["l_linenumber"],
                        "old_price": li["l_extendedprice"], "new_price": new_price})
-        od = _rows_at(files["orders"], _sample(files["orders"], rng), ["o_orderkey", "o_custkey"])
+        od = _orders.rows_at(files["orders"], _sample(files["orders"], rng), ["o_orderkey", "o_custkey"])
         od = pa.table({"o_orderkey": od["o_orderkey"], "old_custkey": od["o_custkey"],
                        "new_custkey": rng.integers(1, n_customers + 1, od.num_rows,
                                                    dtype=np.int64)})
