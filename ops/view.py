@@ -18,7 +18,8 @@ How a change is computed, by the plan's shape:
     touch are looked up in the inputs (a batched, sorted lookup), the same operator runs
     over just those keys' rows, and the view's old rows of those keys are retracted and
     the new ones inserted -- what differential dataflow's ``reduce`` does. Cost follows
-    the touched keys' groups, not the inputs' size; the touched keys go 65,536 at a time.
+    the touched keys' groups, not the inputs' size; the touched keys go 32,768 at a
+    time, in key order.
 ``stored aggregates``
     ``reduce`` with counts and sums, minimums and maximums of numbers: most keys' new
     rows come from their stored rows and the changes alone
@@ -49,7 +50,7 @@ from arrangedb.ops.view_reduce import eligible as stored_eligible, stored_delta
 from arrangedb.spine import Columns, Trace, roles
 
 PER_KEY_OPS = ("join", "reduce", "distinct", "top_k", "threshold")
-KEYS_PER_STEP = 1 << 16   # touched keys looked up and recomputed at once (bounds memory)
+KEYS_PER_STEP = 1 << 15   # touched keys looked up and recomputed at once (bounds memory)
 _DIFF = "__view_diff"
 _TIME = "__view_time"
 
