@@ -35,7 +35,8 @@ from arrangedb.ops.common import (DEFAULT_BATCH_ROWS, check_batch_rows, check_ti
 from arrangedb.spine import (Block, Updates, co_blocks, codes, consolidate,
                              dictionary_schema, roles)
 
-HOWS = ("inner", "left", "semi", "anti")
+HOWS = ("inner", "left", "right", "full", "semi", "anti")
+WITH_RIGHT_VALS = ("inner", "left", "right", "full")   # outputs holding the right vals
 
 
 # -- validation and output schema -----------------------------------------------------------
@@ -73,7 +74,7 @@ def _dictionary_columns(left, right, how: str, read_dictionary) -> tuple[frozens
     if isinstance(read_dictionary, str):
         read_dictionary = [read_dictionary]
     lnames, rnames = prefixed_names(left.key_names, left.val_names, right.val_names)
-    sides = [(left, lnames)] + ([(right, rnames)] if how in ("inner", "left") else [])
+    sides = [(left, lnames)] + ([(right, rnames)] if how in WITH_RIGHT_VALS else [])
     where = {out: (i, f) for i, (t, names) in enumerate(sides) if t.val_schema is not None
              for out, f in zip(names, t.val_schema)}
     chosen = (set(), set())
@@ -94,10 +95,10 @@ def output_schema(left, right, how: str, changes: bool,
             dictionary: tuple[frozenset, frozenset] = (frozenset(), frozenset())) -> pa.Schema:
     lnames, rnames = prefixed_names(left.key_names, left.val_names, right.val_names)
     fields = list(left.key_schema)
-    if left.val_schema is not None:
-        fields += [f.with_name(n) for f, n in
-                   zip(dictionary_schema(left.val_schema, dictionary[0]), lnames)]
-    if how in ("inner", "left") and right.val_schema is not None:
+    if left.val_schema is not None:   # null in a right or full join's unmatched right rows
+        fields += [f.with_name(n).with_nullable(f.nullable or how in ("right", "full"))
+                   for f, n in zip(dictionary_schema(left.val_schema, dictionary[0]), lnames)]
+    if how in WITH_RIGHT_VALS and right.val_schema is not None:
         fields += [f.with_name(n).with_nullable(True) for f, n in
                    zip(dictionary_schema(right.val_schema, dictionary[1]), rnames)]
     if changes:
@@ -244,7 +245,8 @@ def _expand(arrays: list[pa.Array], counts: np.ndarray, batch_rows: int):
 def _snapshot(left, right, at, how, expand, batch_rows, schema, dictionary):
     # typed as the blocks hold them (dictionary columns too): so is a left join's filler
     rvals_schema = dictionary_schema(right.val_schema, dictionary[1]) \
-        if how in ("inner", "left") else None
+        if how in WITH_RIGHT_VALS else None
+    lvals_schema = dictionary_schema(left.val_schema, dictionary[0])
 
     def emit(arrays, counts):
         if expand:
@@ -259,11 +261,16 @@ def _snapshot(left, right, at, how, expand, batch_rows, schema, dictionary):
             yield pa.RecordBatch.from_arrays(arrays + [pa.array(counts, pa.int64())],
                                              schema=schema)
 
-    for lb, rb in co_blocks([left, right], at=at, bag=expand, dictionary=dictionary):
+    # a bag reader may split the left side's runs beside one right block: the right
+    # side's unmatched rows need all of them at once
+    bag = expand and how not in ("right", "full")
+    for lb, rb in co_blocks([left, right], at=at, bag=bag, dictionary=dictionary):
+        if how in ("right", "full") and len(rb):
+            yield from _unmatched_right(lb, rb, lvals_schema, emit, batch_rows)
         if len(lb) == 0:
             continue
         li_key, ri_key = match_keys(lb.keys, rb.keys)
-        if how in ("inner", "left"):
+        if how in WITH_RIGHT_VALS:
             row_keys = lb.rows   # the left rows' keys, when the reader had them: no gather
             unit = bool((rb.counts == 1).all())   # a right side of distinct rows (a dimension)
             for kidx, li, ri in product_chunks(lb, rb, li_key, ri_key, batch_rows,
@@ -272,7 +279,7 @@ def _snapshot(left, right, at, how, expand, batch_rows, schema, dictionary):
                 arrays += (_take(lb.vals, li)
                            + (_take(rb.vals, ri) if rvals_schema is not None else []))
                 yield from emit(arrays, lb.counts[li] if unit else lb.counts[li] * rb.counts[ri])
-        if how == "inner":
+        if how in ("inner", "right"):
             continue
         matched = np.zeros(lb.num_keys, dtype=bool)
         matched[li_key] = True
@@ -283,9 +290,28 @@ def _snapshot(left, right, at, how, expand, batch_rows, schema, dictionary):
         for g, pos in output_chunks(np.where(keep_keys, nrows, 0), batch_rows):
             rows = lb.key_bounds[g] + pos
             arrays = _take(lb.keys, g) + _take(lb.vals, rows)
-            if how == "left":
+            if how in ("left", "full"):
                 arrays += _null_columns(rvals_schema, len(rows))
             yield from emit(arrays, lb.counts[rows])
+
+
+def _unmatched_right(lb, rb, lvals_schema, emit, batch_rows):
+    """A right or full join's rows of right keys the left block lacks: the key, null
+    left vals, the right vals."""
+    if len(lb):
+        _, ri_key = match_keys(lb.keys, rb.keys)
+        unmatched = np.ones(rb.num_keys, dtype=bool)
+        unmatched[ri_key] = False
+    else:
+        unmatched = np.ones(rb.num_keys, dtype=bool)
+    if not unmatched.any():
+        return
+    nrows = np.diff(rb.key_bounds)
+    for g, pos in output_chunks(np.where(unmatched, nrows, 0), batch_rows):
+        rows = rb.key_bounds[g] + pos
+        arrays = _take(rb.keys, g) + _null_columns(lvals_schema, len(rows))
+        arrays += _take(rb.vals, rows)
+        yield from emit(arrays, rb.counts[rows])
 
 
 # -- incremental join -------------------------------------------------------------------------
@@ -359,7 +385,8 @@ def join(left, right, at: int | None = None, how: str = "inner", since: int | No
 
     Snapshot (``since=None``): the key, the left vals, the right vals and ``count`` (the
     product of the two sides' counts at ``at``). ``how``: inner, left (unmatched left rows
-    with null right vals), semi, anti (left rows only). ``expand=True`` repeats each row
+    with null right vals), right (and unmatched right rows with null left vals), full
+    (both), semi, anti (left rows only). ``expand=True`` repeats each row
     ``count`` times (SQL bag semantics; then ``count`` is 1).
 
     Incremental (``since`` given, inner only): the output's changes with

@@ -99,6 +99,12 @@ def test_join_matches_duckdb(engine, kind, params):
     assert weighted_bag(adb.join(lt, rt).read_all(), cols) == bag(got, cols)
     got = adb.join(lt, rt, how="left", expand=True).read_all()
     assert bag(got, cols) == bag(sql(f"select {kl}, a, b from L left join R on {on}", L=L, R=R))
+    either = ", ".join(f"coalesce(L.{k}, R.{k}) as {k}" for k in keys)
+    for how in ("right", "full"):   # unmatched rows of the right side: null left vals
+        got = adb.join(lt, rt, how=how, expand=True, batch_rows=89).read_all()
+        want = sql(f"select {either}, a, b from L {how} join R on {on}", L=L, R=R)
+        assert bag(got, cols) == bag(want), how
+        assert weighted_bag(adb.join(lt, rt, how=how).read_all(), cols) == bag(got, cols)
     for how, q in (("semi", "semi"), ("anti", "anti")):
         got = adb.join(lt, rt, how=how, expand=True).read_all()
         want = sql(f"select {kl}, a from L {q} join R on {on}", L=L, R=R)

@@ -66,6 +66,8 @@ PLANS = {
     "left join": lambda f, d: join(f, d, how="left"),
     "semi join": lambda f, d: join(f, d, how="semi"),
     "anti join": lambda f, d: join(f, d, how="anti"),
+    "right join": lambda f, d: join(f, d, how="right"),
+    "full join": lambda f, d: join(f, d, how="full"),
     "count and sum per group": lambda f, d: group_by(
         join(f, d), by="g", aggs={"n": ("count", None), "s": ("sum", "y")}),
     "sum of a column with nulls": lambda f, d: group_by(
