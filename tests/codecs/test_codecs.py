@@ -457,6 +457,55 @@ def test_helper_thread_offsets_still_reject_bad_codes():
         dictionary.PARALLEL_OFFSETS_FROM = old
 
 
+@settings(max_examples=80, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(lens=st.lists(st.one_of(st.integers(0, 12), st.integers(250, 300)), min_size=1,
+                     max_size=16),
+       n=st.integers(0, 400), nulls=st.booleans(),
+       kind=st.sampled_from(["string", "large_string", "binary"]), data=st.data())
+def test_varlen_dict_row_lengths_as_bytes(lens, n, nulls, kind, data):
+    """Offsets from byte-wide row lengths (entries under 255 bytes) or int lengths
+    (longer ones): equal and unequal lengths, nulls, empty columns and slices, on one
+    thread or two."""
+    from arrangedb.codecs import dictionary, parallel
+
+    pool = [f"{i:x}" + "y" * max(length - 1, 0) if length else "" for i, length in
+            enumerate(lens)]
+    pool = list(dict.fromkeys(pool))
+    picks = data.draw(st.lists(st.integers(0, len(pool) - 1), min_size=n, max_size=n))
+    mask = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n))) \
+        if nulls and n else None
+    values = pa.array([pool[i] for i in picks], pa.string(), mask=mask)
+    values = values.cast(getattr(pa, kind)())
+    lo = data.draw(st.integers(0, n))
+    hi = data.draw(st.integers(lo, n))
+    old, before = dictionary.PARALLEL_OFFSETS_FROM, parallel.threads()
+    dictionary.PARALLEL_OFFSETS_FROM = 0
+    try:
+        for threads in (1, 2):
+            parallel.set_threads(threads)
+            enc, meta, _ = roundtrip(values, "dict")
+            got = decode_range(enc.codec, enc.version, meta, as_stored(enc.buffers), lo, hi)
+            assert_same(got, values.slice(lo, hi - lo))
+    finally:
+        dictionary.PARALLEL_OFFSETS_FROM = old
+        parallel.set_threads(before)
+
+
+@pytest.mark.parametrize("long", [False, True])
+def test_row_lengths_reject_a_bad_code_in_the_padding(long):
+    """A code past k in the unused half of the last packed byte is rejected, whether
+    the lengths gather as bytes or (entries of 255 bytes and more) as ints."""
+    pool = ["a", "bb", "ccc", "d" * (300 if long else 4), "e"]
+    values = pa.array(np.random.default_rng(9).choice(pool, 999))   # odd: a spare nibble
+    enc = encode(values, "dict")
+    assert enc.meta["code_bits"] == 4
+    stored = as_stored(enc.buffers)
+    stored[0][-1] |= 0xF0
+    with pytest.raises(CodecError, match="out of range"):
+        decode(enc.codec, enc.version, enc.meta, stored)
+
+
 @SETTINGS
 @given(values=arrow_arrays())
 def test_decode_dictionary_keeps_the_codes(values):
