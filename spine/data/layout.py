@@ -144,6 +144,8 @@ def leaf_update_index(bounds: np.ndarray, singleton: bool = False
     if singleton or np.all(stored == 1):
         return None, counts  # identity, or every update is the one stored pair
     starts = np.where(stored == 0, b[:-1] - 1, b[:-1])
+    if not (stored > 1).any():   # a leaf, one update (or the one before it): no ranges
+        return starts, counts
     return ranges(starts, counts), counts
 
 

@@ -774,3 +774,23 @@ def test_a_val_column_of_only_nulls_is_stored_sorted_and_read_back(tmp_path):
         assert t.lookup(pa.table({"k": [1]}))["count"].to_pylist() == [1]
         t.merge_all()
         assert t.snapshot().read_all()["count"].to_pylist() == [1, 1, 1]
+
+
+def test_leaf_update_index_of_single_update_leaves_is_their_starts():
+    """Leaves of one stored update, or sharing the one before (a run of equal (time,
+    diff) pairs stored once): the index is each leaf's own start; the general path
+    (ranges over every leaf) gives the same."""
+    from arrangedb.spine.data.layout import leaf_update_index, ranges
+
+    rng = np.random.default_rng(3)
+    stored = rng.choice([0, 1], 1000, p=[0.3, 0.7])
+    stored[0] = 1
+    bounds = np.concatenate([[0], np.cumsum(stored)])
+    idx, counts = leaf_update_index(bounds)
+    starts = np.where(stored == 0, bounds[:-1] - 1, bounds[:-1])
+    assert (counts == 1).all()
+    assert np.array_equal(idx, ranges(starts, counts))
+    stored[5] = 3   # a leaf of several updates: the general path
+    bounds = np.concatenate([[0], np.cumsum(stored)])
+    idx, counts = leaf_update_index(bounds)
+    assert len(idx) == counts.sum() == len(stored) + 2
