@@ -37,8 +37,9 @@ from arrangedb.ops.common import DEFAULT_BATCH_ROWS, check_batch_rows, check_tim
 from arrangedb.ops.group_by import group_by
 from arrangedb.ops.partials import (Partials, bincount_groups, partial_names, plain_schema,
                                     unified)
-from arrangedb.ops.join import (HOWS, check_traces, dictionary_readable, join, match_keys,
+from arrangedb.ops.join import (HOWS, check_traces, dictionary_readable, join,
                                 output_schema, prefixed_names)
+from arrangedb.ops.match import match_keys
 from arrangedb.spine import (Block, batch_part_blocks, count_through, is_constant,
                               part_blocks, ranges, roles)
 

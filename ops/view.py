@@ -45,6 +45,7 @@ import pyarrow.compute as pc
 from arrangedb.ops import plan as _plan
 from arrangedb.ops.aggregate import check_aggs
 from arrangedb.ops.planner import params
+from arrangedb.ops.view_delta import changed_only
 from arrangedb.ops.view_linear import apply_linear, summed_nulls
 from arrangedb.ops.view_reduce import eligible as stored_eligible, stored_delta
 from arrangedb.spine import Columns, Trace, roles
@@ -253,8 +254,10 @@ class View(Trace):
             for sub in subs.values():
                 sub.close()
         out_keys = keys.rename_columns(self.key_names)
-        return pa.concat_tables([self.retractions(out_keys),
-                                 self._new_rows(new).cast(self.delta_schema())])
+        old, new = changed_only(self.retractions(out_keys),
+                                 self._new_rows(new).cast(self.delta_schema()),
+                                 self.key_names + self.val_names)
+        return pa.concat_tables([old, new])
 
     def _whole_delta(self) -> pa.Table:
         new = self._new_rows(self.plan.read_all()).cast(self.delta_schema())
