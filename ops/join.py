@@ -206,11 +206,15 @@ def _snapshot(left, right, at, how, expand, batch_rows, schema, dictionary):
     # side's unmatched rows need all of them at once
     bag = expand and how not in ("right", "full")
     for lb, rb in co_blocks([left, right], at=at, bag=bag, dictionary=dictionary):
-        if how in ("right", "full") and len(rb):
-            yield from _unmatched_right(lb, rb, lvals_schema, emit, batch_rows)
+        li_key, ri_key = match_keys(lb.keys, rb.keys)
+        if how in ("right", "full"):   # right keys the left lacks: null left vals
+            unmatched = np.ones(rb.num_keys, dtype=bool)
+            unmatched[ri_key] = False
+            for keys, rows in _key_rows(rb, unmatched, batch_rows):
+                yield from emit(keys + _null_columns(lvals_schema, len(rows))
+                                + _take(rb.vals, rows), rb.counts[rows])
         if len(lb) == 0:
             continue
-        li_key, ri_key = match_keys(lb.keys, rb.keys)
         if how in WITH_RIGHT_VALS:
             row_keys = lb.rows   # the left rows' keys, when the reader had them: no gather
             unit = bool((rb.counts == 1).all())   # a right side of distinct rows (a dimension)
@@ -224,35 +228,22 @@ def _snapshot(left, right, at, how, expand, batch_rows, schema, dictionary):
             continue
         matched = np.zeros(lb.num_keys, dtype=bool)
         matched[li_key] = True
-        keep_keys = matched if how == "semi" else ~matched
-        if not keep_keys.any():
-            continue
-        nrows = np.diff(lb.key_bounds)
-        for g, pos in output_chunks(np.where(keep_keys, nrows, 0), batch_rows):
-            rows = lb.key_bounds[g] + pos
-            arrays = _take(lb.keys, g) + _take(lb.vals, rows)
-            if how in ("left", "full"):
+        for keys, rows in _key_rows(lb, matched if how == "semi" else ~matched, batch_rows):
+            arrays = keys + _take(lb.vals, rows)
+            if how in ("left", "full"):   # left keys the right lacks: null right vals
                 arrays += _null_columns(rvals_schema, len(rows))
             yield from emit(arrays, lb.counts[rows])
 
 
-def _unmatched_right(lb, rb, lvals_schema, emit, batch_rows):
-    """A right or full join's rows of right keys the left block lacks: the key, null
-    left vals, the right vals."""
-    if len(lb):
-        _, ri_key = match_keys(lb.keys, rb.keys)
-        unmatched = np.ones(rb.num_keys, dtype=bool)
-        unmatched[ri_key] = False
-    else:
-        unmatched = np.ones(rb.num_keys, dtype=bool)
-    if not unmatched.any():
+def _key_rows(b: Block, keep: np.ndarray, batch_rows: int):
+    """(key columns, row indices) of the rows of the block's keys where ``keep``, in
+    bounded chunks."""
+    if not keep.any():
         return
-    nrows = np.diff(rb.key_bounds)
-    for g, pos in output_chunks(np.where(unmatched, nrows, 0), batch_rows):
-        rows = rb.key_bounds[g] + pos
-        arrays = _take(rb.keys, g) + _null_columns(lvals_schema, len(rows))
-        arrays += _take(rb.vals, rows)
-        yield from emit(arrays, rb.counts[rows])
+    nrows = np.diff(b.key_bounds)
+    for g, pos in output_chunks(np.where(keep, nrows, 0), batch_rows):
+        rows = b.key_bounds[g] + pos
+        yield _take(b.keys, g), rows
 
 
 # -- incremental join -------------------------------------------------------------------------
