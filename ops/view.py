@@ -40,19 +40,18 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from arrangedb.ops import plan as _plan
 from arrangedb.ops.aggregate import check_aggs
 from arrangedb.ops.planner import params
-from arrangedb.ops.view_delta import changed_only
+from arrangedb.ops.view_delta import (DIFF, as_retractions, by_time, changed_only,
+                                      delta_schema)
 from arrangedb.ops.view_linear import apply_linear, summed_nulls
 from arrangedb.ops.view_reduce import eligible as stored_eligible, stored_delta
 from arrangedb.spine import Columns, Trace, roles
 
 PER_KEY_OPS = ("join", "reduce", "distinct", "top_k", "threshold")
 KEYS_PER_STEP = 1 << 15   # touched keys looked up and recomputed at once (bounds memory)
-_DIFF = "__view_diff"
 _TIME = "__view_time"
 
 
@@ -173,15 +172,14 @@ class View(Trace):
 
     def _apply(self, lower: int, upper: int) -> None:
         if self.kind == "linear":
-            if not apply_linear(self, lower, upper):
-                self.kind = "whole"   # for good: a group of nulls alone sums to null
+            if apply_linear(self, lower, upper):
+                return
+            self.kind = "whole"   # for good: a group of nulls alone sums to null
         if self.kind == "whole":   # exact at upper - 1; earlier times fold onto it
             self.insert_delta(self._whole_delta(), upper - 1)
             return
-        if self.kind not in ("per key", "stored aggregates"):
-            return
         changes = [t.changes(lower, upper).read_all() for t in self.inputs]
-        for t, at_t in _by_time(changes):
+        for t, at_t in by_time(changes):
             if sum(c.num_rows for c in at_t) == 0:
                 continue
             out = self.appender()   # one time, many steps: sorted and spilled as they come
@@ -191,13 +189,13 @@ class View(Trace):
                     kept, keys, kept_keys = stored_delta(self, aggs, at_t[0])
                     self.keys_from_state += kept_keys
                     if kept is not None:
-                        out.add(_at_time_table(kept, t), time=_TIME, diff=_DIFF)
+                        out.add(_at_time_table(kept, t), time=_TIME, diff=DIFF)
                 else:
                     keys = self._touched_keys(at_t)
                 self.keys_recomputed += keys.num_rows
                 for lo in range(0, keys.num_rows, KEYS_PER_STEP):
                     delta = self._per_key_delta(keys.slice(lo, KEYS_PER_STEP), t)
-                    out.add(_at_time_table(delta, t), time=_TIME, diff=_DIFF)
+                    out.add(_at_time_table(delta, t), time=_TIME, diff=DIFF)
                 out.finish()
             except BaseException:
                 out.abort()
@@ -207,7 +205,7 @@ class View(Trace):
         """Insert rows with a ``__view_diff`` column, at ``time``."""
         if delta is None or delta.num_rows == 0:
             return
-        self.insert(_at_time_table(delta, time), time=_TIME, diff=_DIFF)
+        self.insert(_at_time_table(delta, time), time=_TIME, diff=DIFF)
 
     def stored_rows(self, keys: pa.Table) -> pa.Table:
         """The view's rows of ``keys`` as stored, without refreshing first."""
@@ -215,15 +213,13 @@ class View(Trace):
 
     def retractions(self, keys: pa.Table) -> pa.Table:
         """The view's rows of ``keys``, as retractions (diff: minus their count)."""
-        old = Trace.lookup(self, keys)
-        cols = self.key_names + self.val_names
-        return old.select(cols).append_column(_DIFF, pc.negate(old.column("count")))
+        return as_retractions(Trace.lookup(self, keys), self.key_names + self.val_names)
 
     def _new_rows(self, table: pa.Table) -> pa.Table:
         cols = self.key_names + self.val_names
         diff = table.column(self.weight) if self.weight else pa.array(
             np.ones(table.num_rows, np.int64))
-        return table.select(cols).append_column(_DIFF, diff.cast(pa.int64()))
+        return table.select(cols).append_column(DIFF, diff.cast(pa.int64()))
 
     def _touched_keys(self, changes: list[pa.Table]) -> pa.Table:
         """The distinct keys the inputs' changes touch, sorted (named as the first
@@ -255,21 +251,14 @@ class View(Trace):
                 sub.close()
         out_keys = keys.rename_columns(self.key_names)
         old, new = changed_only(self.retractions(out_keys),
-                                 self._new_rows(new).cast(self.delta_schema()),
+                                 self._new_rows(new).cast(delta_schema(self)),
                                  self.key_names + self.val_names)
         return pa.concat_tables([old, new])
 
     def _whole_delta(self) -> pa.Table:
-        new = self._new_rows(self.plan.read_all()).cast(self.delta_schema())
-        old = Trace.snapshot(self).read_all()
-        cols = self.key_names + self.val_names
-        old = old.select(cols).append_column(_DIFF, pc.negate(old.column("count")))
+        new = self._new_rows(self.plan.read_all()).cast(delta_schema(self))
+        old = as_retractions(Trace.snapshot(self).read_all(), self.key_names + self.val_names)
         return pa.concat_tables([old, new])
-
-    def delta_schema(self) -> pa.Schema:
-        """The view's columns and ``__view_diff``: what :meth:`insert_delta` takes."""
-        fields = list(self.key_schema) + (list(self.val_schema) if self.val_schema else [])
-        return pa.schema(fields + [pa.field(_DIFF, pa.int64())])
 
     # -- reads refresh first ----------------------------------------------------------
     def check_read_time(self, at):
@@ -348,18 +337,6 @@ def _kind(node) -> str:
 def _checked_aggs(p: dict) -> dict:
     """A reduce's aggregates as it reads them ((function, column) per output)."""
     return check_aggs(p["aggs"], p["trace"].val_schema, "the view's input")
-
-
-def _by_time(changes: list[pa.Table]):
-    """(time, the changes at that time) for every time some change holds, in order."""
-    times = np.concatenate([c.column("time").to_numpy() for c in changes]
-                           or [np.zeros(0, np.uint64)])
-    if len(times) and times.min() == times.max():   # one insert since the last refresh
-        yield int(times[0]), changes
-        return
-    for t in np.unique(times).tolist():
-        yield t, [c.filter(pc.equal(c.column("time"), pa.scalar(t, pa.uint64())))
-                  for c in changes]
 
 
 def _default_key(node) -> list[str]:

@@ -1,19 +1,45 @@
-"""What a view's per-key refresh hands over: only the rows that change.
+"""A view's deltas: its rows with a ``__view_diff`` column, split by time, and trimmed
+to the rows that change.
 
 A touched key's output is retracted whole and inserted whole; most of it is the same
 rows with the same counts, which the view's insert would sort only to cancel. Rows equal
 in both (by a hash of their columns' codes, checked column by column) are dropped from
-both first.
+both first (:func:`changed_only`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from arrangedb.spine import absolute_codes, codes, is_absolute
 
 DIFF = "__view_diff"
+
+
+def as_retractions(rows: pa.Table, cols: list[str]) -> pa.Table:
+    """A view's stored rows (a lookup or snapshot: ``cols`` and ``count``) as a delta
+    that retracts them."""
+    return rows.select(cols).append_column(DIFF, pc.negate(rows.column("count")))
+
+
+def delta_schema(view) -> pa.Schema:
+    """The view's columns and ``__view_diff``: what ``View.insert_delta`` takes."""
+    fields = list(view.key_schema) + (list(view.val_schema) if view.val_schema else [])
+    return pa.schema(fields + [pa.field(DIFF, pa.int64())])
+
+
+def by_time(changes: list[pa.Table]):
+    """(time, the changes at that time) for every time some change holds, in order."""
+    times = np.concatenate([c.column("time").to_numpy() for c in changes]
+                           or [np.zeros(0, np.uint64)])
+    if len(times) and times.min() == times.max():   # one insert since the last refresh
+        yield int(times[0]), changes
+        return
+    for t in np.unique(times).tolist():
+        yield t, [c.filter(pc.equal(c.column("time"), pa.scalar(t, pa.uint64())))
+                  for c in changes]
 
 
 def changed_only(old: pa.Table, new: pa.Table, cols: list[str]

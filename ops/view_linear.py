@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from arrangedb.ops.group_by import group_by
 from arrangedb.ops.join import join
 from arrangedb.ops.planner import params
+from arrangedb.ops.view_delta import DIFF, by_time, delta_schema
 from arrangedb.spine import Trace
 
 
@@ -29,9 +30,7 @@ def apply_linear(view, lower: int, upper: int) -> bool:
     changes = join(j["left"], j["right"], since=lower, upto=upper).read_all()
     if any(changes.column(c).null_count for c in summed(g["aggs"])):
         return False
-    times = changes.column("time").to_numpy()
-    for t in np.unique(times).tolist():
-        at_t = changes.filter(pa.array(times == t)) if times.min() != times.max() else changes
+    for t, (at_t,) in by_time([changes]):
         delta = group_by(at_t.drop_columns(["time"]), g["by"], g["aggs"],
                          weight="diff", engine=g["engine"]).read_all()
         view.insert_delta(added(view, delta, g["aggs"]), t)
@@ -56,8 +55,8 @@ def added(view, delta: pa.Table, aggs: dict) -> pa.Table | None:
         zero_copy_only=False)
     new = pa.table(dict(zip(view.key_names, keys.columns)) |
                    dict(zip(view.val_names, new_cols))).filter(pa.array(alive))
-    new = new.append_column("__view_diff", pa.array(np.ones(new.num_rows, np.int64)))
-    return pa.concat_tables([view.retractions(keys), new.cast(view.delta_schema())])
+    new = new.append_column(DIFF, pa.array(np.ones(new.num_rows, np.int64)))
+    return pa.concat_tables([view.retractions(keys), new.cast(delta_schema(view))])
 
 
 def summed(aggs: dict) -> list[str]:

@@ -16,6 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from arrangedb.ops.view_delta import DIFF, as_retractions, delta_schema
+
 FAST = ("count", "sum", "min", "max")
 
 
@@ -105,14 +107,11 @@ def stored_delta(view, aggs: dict, changes: pa.Table
     for name in view.val_names:
         inserted[name] = pa.array(new_cols[name]).take(keep).cast(
             view.val_schema.field(name).type)
-    inserted["__view_diff"] = pa.array(np.ones(len(keep), np.int64))
-    gone = pa.array(fast[qi])   # the stored rows of the keys kept here, retracted
-    retracted = old.filter(gone).select(keys + view.val_names).append_column(
-        "__view_diff", pc.negate(old.column("count").filter(gone)))
-    fields = list(view.key_schema) + list(view.val_schema or [])
-    schema = pa.schema(fields + [pa.field("__view_diff", pa.int64())])
-    return (pa.concat_tables([retracted, pa.table(inserted).cast(schema)]), slow,
-            int(fast.sum()))
+    inserted[DIFF] = pa.array(np.ones(len(keep), np.int64))
+    # the stored rows of the keys kept here, retracted
+    retracted = as_retractions(old.filter(pa.array(fast[qi])), keys + view.val_names)
+    return (pa.concat_tables([retracted, pa.table(inserted).cast(delta_schema(view))]),
+            slow, int(fast.sum()))
 
 
 def _hashed(changes: pa.Table, keys: list[str], cols: list[str]) -> pa.Table:
