@@ -38,8 +38,8 @@ from arrangedb.spine.build.levels import Spine
 from arrangedb.spine.build.runs import RunBuilder, drop
 from arrangedb.spine.data import roles
 from arrangedb.spine.data.description import Description
-from arrangedb.spine.handle import TraceHandle
 from arrangedb.spine.data.ingest import Columns
+from arrangedb.spine.handle import TraceHandle
 from arrangedb.spine.read.cursor import blocks
 from arrangedb.spine.read.lookup import lookup
 from arrangedb.spine.storage.batch import Batch, byte_stats
@@ -117,7 +117,8 @@ class Trace:
         """Add updates. ``time``/``diff`` name their columns; by default the columns the
         input's schema marks as its time and weight (a join's ``count``, a change
         stream's ``time`` and ``diff``), else those named at arrange when the input has
-        them; False: none (time 0, diff +1)."""
+        them; False: none (every update at the upper frontier, diff +1). Times before
+        the upper frontier are refused (``ValueError``); nothing of the input is kept."""
         with self._write_lock:
             self._check_open()
             self.update_frontiers()   # handles dropped without close() let go here
