@@ -2,9 +2,10 @@
 
 The Spark tests run one ``local[2]`` session over random data: every supported key
 type, nulls, empty and multibyte UTF-8 strings of 0..40 bytes, negative numbers, the
-edges of each type, timestamps in s, ms, us and ns, multi-column keys. The tests without Spark check the vectorized
-hash against a row-at-a-time transcription of Spark's Murmur3_x86_32, and that
-chunking, slicing and dictionary encoding do not change the result.
+edges of each type, timestamps in s, ms, us and ns, multi-column keys. The tests without
+Spark check the vectorized hash against a row-at-a-time transcription of Spark's
+Murmur3_x86_32, and that chunking, slicing and dictionary encoding do not change the
+result.
 """
 
 from __future__ import annotations
@@ -225,10 +226,9 @@ KEY_SETS = [["s", "i64"], ["small", "s"], ["i8", "i16", "b", "dt"], ["f32", "f64
 
 @pytest.fixture(scope="module")
 def spark():
+    """The run's local session (``getOrCreate``), left running: a later module may share it."""
     from arrangedb.spark_integration.session import local_session
-    s = local_session("local[2]", memory_budget="64MiB")
-    yield s
-    s.stop()
+    return local_session("local[2]", memory_budget="64MiB")
 
 
 @pytest.fixture(scope="module")
