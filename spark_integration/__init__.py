@@ -1,7 +1,7 @@
 """arrangedb on Spark: executors mount an engine per partition (see api.py)."""
 
-from arrangedb.spark_integration.api import (ArrangedDataset, arrange_df, snapshot_join,
-                                             snapshot_reduce)
+from arrangedb.spark_integration.api import snapshot_join, snapshot_reduce
+from arrangedb.spark_integration.arranged import ArrangedDataset, arrange_df
 from arrangedb.spark_integration.metrics import JobMetrics
 from arrangedb.spark_integration.session import local_session
 

@@ -21,9 +21,7 @@ numbers -- and each task loads its partition's arrangement instead of re-sorting
 
 from __future__ import annotations
 
-import json
-import os
-from dataclasses import dataclass
+from dataclasses import replace
 
 import pyarrow as pa
 
@@ -32,67 +30,25 @@ from arrangedb.ops.join import prefixed_names
 from arrangedb.spark_integration import config
 from arrangedb.spark_integration.metrics import JobMetrics
 from arrangedb.spark_integration.partition import SIDE, JoinSpec, ReduceSpec
-from arrangedb.spark_integration.workers import task, use_driver_python_locally
+from arrangedb.spark_integration.arranged import ArrangedDataset
+from arrangedb.spark_integration.frames import (active_session, arrow_schema,
+                                                default_partitions, on_workers, spark_schema)
+from arrangedb.spark_integration.workers import use_driver_python_locally
 
 def _on_workers(function: str, *args):
-    """``partition.<function>(batches, *args)`` as a task body (see :mod:`.workers`)."""
-    return task("arrangedb.spark_integration.partition", function, *args)
+    return on_workers("partition", function, *args)
 
 
 HOWS = {"inner": "inner", "left": "left", "left_outer": "left", "leftouter": "left",
         "semi": "semi", "left_semi": "semi", "leftsemi": "semi",
         "anti": "anti", "left_anti": "anti", "leftanti": "anti"}
-MANIFEST = "_arrangedb_dataset.json"
-
-
-def _arrow_schema(spark_schema) -> pa.Schema:
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    return to_arrow_schema(spark_schema)
-
-
-def _spark_schema(arrow_schema: pa.Schema):
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    return from_arrow_schema(arrow_schema)
-
-
-@dataclass(frozen=True)
-class ArrangedDataset:
-    """Per-partition arrangements saved by :func:`arrange_df` (immutable; reusable)."""
-    path: str
-    key: list[str]
-    vals: list[str]
-    num_partitions: int
-    schema: pa.Schema          # key columns then vals
-
-    @classmethod
-    def open(cls, path) -> "ArrangedDataset":
-        path = os.path.abspath(os.fspath(path))
-        try:
-            with open(os.path.join(path, MANIFEST)) as f:
-                m = json.load(f)
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{path!r} is not an arranged dataset (no {MANIFEST}); "
-                                    f"write one with arrange_df") from None
-        schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(m["schema"])))
-        return cls(path, m["key"], m["vals"], m["num_partitions"], schema)
-
-    def key_types(self) -> list[pa.DataType]:
-        return [self.schema.field(k).type for k in self.key]
 
 
 def _session(*objs):
     for o in objs:
         if not isinstance(o, ArrangedDataset):
             return o.sparkSession
-    from pyspark.sql import SparkSession
-
-    return SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
-
-
-def _default_partitions(spark) -> int:
-    return max(2, spark.sparkContext.defaultParallelism * 2)
+    return active_session()
 
 
 def _not_null(keys):
@@ -108,12 +64,13 @@ def _not_null(keys):
 def _side_schema(source, keys, cols, names) -> pa.Schema:
     if isinstance(source, ArrangedDataset):
         return source.schema
-    schema = _arrow_schema(source.select(*keys, *cols).schema)
+    schema = arrow_schema(source.select(*keys, *cols).schema)
     return pa.schema([f.with_name(n) for f, n in zip(schema, keys + names)])
 
 
 def snapshot_join(left_df, right_df, on, how: str = "inner", num_partitions: int | None = None,
-                  memory_budget=None, spill_dir=None, metrics: JobMetrics | None = None):
+                  memory_budget=None, spill_dir=None, metrics: JobMetrics | None = None,
+                  at: int | None = None, since: int | None = None, upto: int | None = None):
     """Join two DataFrames (or arranged datasets) on ``on`` through arrangedb.
 
     Same rows as ``left_df.join(right_df, on, how)`` (null keys never match, duplicates
@@ -121,6 +78,12 @@ def snapshot_join(left_df, right_df, on, how: str = "inner", num_partitions: int
     (prefixed ``left_``/``right_`` where names clash). ``how``: inner, left, semi, anti.
     Metrics of the job (rows, bytes spilled, peak RSS per task against its budget) are
     in ``result.arrangedb_metrics.value`` after an action.
+
+    Arranged datasets are read at time ``at`` (None: their latest; each dataset at its
+    latest time <= ``at``). With ``since`` (both sides arranged, inner join), the join's
+    changes at times ``since <= t < upto`` (default: through the latest time) instead:
+    the same columns plus integer ``time`` and ``diff``, computed from the inputs'
+    changes and their state (dA x B + A' x dB), never by recomputing the join.
     """
     from pyspark.sql import functions as F
 
@@ -128,6 +91,7 @@ def snapshot_join(left_df, right_df, on, how: str = "inner", num_partitions: int
     if how not in HOWS:
         raise ValueError(f"unknown how={how!r}; use one of inner, left, semi, anti")
     how = HOWS[how]
+    reading = _read_times(left_df, right_df, at, since, upto, how)
     spark = _session(left_df, right_df)
     cfg = config.resolve(spark, memory_budget, spill_dir)
     use_driver_python_locally(spark)
@@ -161,6 +125,8 @@ def snapshot_join(left_df, right_df, on, how: str = "inner", num_partitions: int
     if how in ("inner", "left"):
         out_fields += [rschema.field(c).with_name(n).with_nullable(True)
                        for c, n in zip(rcols, rnames)]
+    if since is not None:
+        out_fields += [pa.field("time", pa.int64()), pa.field("diff", pa.int64())]
     out_schema = pa.schema(out_fields)
     arranged = [s for s in (left_df, right_df) if isinstance(s, ArrangedDataset)]
     if arranged:
@@ -171,13 +137,13 @@ def snapshot_join(left_df, right_df, on, how: str = "inner", num_partitions: int
         if num_partitions not in (None, n):
             raise ValueError(f"snapshot_join: an arranged dataset fixes num_partitions={n}")
     else:
-        n = num_partitions or _default_partitions(spark)
+        n = num_partitions or default_partitions(spark)
     spec = JoinSpec(keys=keys, left_cols=[f"__l{i}" for i in range(len(lcols))],
                     left_vals=lcols, right_cols=[f"__r{i}" for i in range(len(rcols))],
                     right_vals=rcols, how=how, out_schema=out_schema,
                     left_schema=lschema, right_schema=rschema, cfg=cfg, metrics=metrics,
-                    left_path=left_df.path if isinstance(left_df, ArrangedDataset) else None,
-                    right_path=right_df.path if isinstance(right_df, ArrangedDataset) else None)
+                    left=reading.get(0), right=reading.get(1), since=since,
+                    upto=reading.get("upto"))
     live = []
     for side, cols, alias, tag in ((left_df, lcols, spec.left_cols, 0),
                                    (right_df, rcols, spec.right_cols, 1)):
@@ -204,7 +170,7 @@ def snapshot_join(left_df, right_df, on, how: str = "inner", num_partitions: int
         shuffled = spark.range(0, n, 1, n)
     if live:
         shuffled = shuffled.repartition(n, *keys)
-    result = shuffled.mapInArrow(_on_workers("join_partition", spec), _spark_schema(out_schema))
+    result = shuffled.mapInArrow(_on_workers("join_partition", spec), spark_schema(out_schema))
     null_rows = None
     if how in ("left", "anti") and not isinstance(left_df, ArrangedDataset):
         # SQL: a null key matches nothing, so these rows are unmatched left rows
@@ -215,13 +181,53 @@ def snapshot_join(left_df, right_df, on, how: str = "inner", num_partitions: int
             *keys, *[F.col(c).alias(nm) for c, nm in zip(lcols, lnames)], *fill)
         result = result.unionByName(null_rows)
     result.arrangedb_metrics = metrics
-    # lets snapshot_reduce over this very DataFrame aggregate inside the join's tasks
-    result._arrangedb_join = (shuffled, spec, null_rows)
+    if since is None:
+        # lets snapshot_reduce over this very DataFrame aggregate inside the join's tasks
+        result._arrangedb_join = (shuffled, spec, null_rows)
+        result._arrangedb_sources = (left_df, right_df)
     return result
 
 
+def _read_times(left, right, at, since, upto, how) -> dict:
+    """The layouts the arranged sides are read at (keys 0, 1) and, for changes, the
+    resolved ``upto``."""
+    sides = {i: s for i, s in enumerate((left, right)) if isinstance(s, ArrangedDataset)}
+    for name, value in (("at", at), ("since", since), ("upto", upto)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 0):
+            raise ValueError(f"{name}={value!r} must be a time (an int >= 0)")
+    if since is None:
+        if upto is not None:
+            raise ValueError("upto= needs since= (the changes between two times)")
+        if at is not None and not sides:
+            raise ValueError("at= reads arranged datasets; neither side is one")
+        out = {}
+        for i, ds in sides.items():
+            latest = ds.latest()
+            out[i] = ds.layout(latest if at is None else min(at, latest))
+        return out
+    if at is not None:
+        raise ValueError("give either at= (a snapshot) or since=/upto= (changes), not both")
+    if len(sides) != 2:
+        raise ValueError("since=/upto= need both sides to be arranged datasets (arrange_df)")
+    if how != "inner":
+        raise ValueError(f"since=/upto= give the changes of an inner join, not how={how!r}")
+    if upto is None:
+        upto = max(ds.latest() for ds in sides.values()) + 1
+    if upto <= since:
+        raise ValueError(f"upto={upto} must be greater than since={since}")
+    out = {i: ds.layout(min(upto - 1, ds.latest())) for i, ds in sides.items()}
+    for i, ds in sides.items():
+        if since > 0 and since - 1 < ds.since():
+            raise ValueError(f"{ds.path!r}: since={since} reads time {since - 1}, before "
+                             f"the compaction frontier {ds.since()}")
+    out["upto"] = upto
+    return out
+
+
 def snapshot_reduce(df, by, aggs: dict, num_partitions: int | None = None, memory_budget=None,
-                    spill_dir=None, metrics: JobMetrics | None = None, weight=None):
+                    spill_dir=None, metrics: JobMetrics | None = None, weight=None,
+                    at: int | None = None, since: int | None = None, upto: int | None = None):
     """``df.groupBy(by).agg(...)`` through arrangedb; ``aggs`` as in :func:`arrangedb.reduce`.
 
     ``df`` may be an arranged dataset keyed on ``by``. Results equal Spark's
@@ -233,6 +239,15 @@ def snapshot_reduce(df, by, aggs: dict, num_partitions: int | None = None, memor
     None (default) weighs rows by ``diff`` when the DataFrame has one, and count and sum
     are then the net change per group (min, max and mean are refused over negative
     weights, as in :func:`arrangedb.group_by`); False counts every row once.
+
+    Times: over an arranged dataset, or over ``snapshot_join`` of arranged datasets,
+    ``at`` reads them at that time (see :func:`snapshot_join`). ``since``/``upto`` give
+    the aggregate's changes at times ``since <= t < upto`` instead: for each changed
+    group and time, its old row with ``diff`` -1 and its new row with +1 (integer
+    ``time`` and ``diff`` columns). Over a join, they come from per-group state kept as
+    a maintained view under the left dataset (``_views/``), brought up to date from the
+    inputs' changes by the call (one job; count, sum and mean), never by recomputing
+    the join (:mod:`.maintained`).
     """
     by = [by] if isinstance(by, str) else list(by)
     spark = _session(df)
@@ -248,42 +263,67 @@ def snapshot_reduce(df, by, aggs: dict, num_partitions: int | None = None, memor
         missing = [b for b in by if b not in df.columns]
         if missing:
             raise KeyError(f"snapshot_reduce: no column(s) {missing} (columns: {df.columns})")
-        source = _arrow_schema(df.schema)
+        source = arrow_schema(df.schema)
     aggs = check_aggs(aggs, source, "the DataFrame")
     key_schema = (pa.schema([df.schema.field(k) for k in by]) if isinstance(df, ArrangedDataset)
                   else pa.schema([source.field(b) for b in by]))
     out_schema = pa.schema(list(key_schema) + [_spark_field(n, f, c, source)
                                                 for n, (f, c) in aggs.items()])
-    spark_out = _spark_schema(out_schema)
+    spark_out = spark_schema(out_schema)
     aggs, means = _decimal_means(aggs, source)
 
-    def spec(phase, schema=source, path=None):
+    def spec(phase, schema=source, layout=None):
         return ReduceSpec(by=by, aggs=aggs, source_schema=schema, out_schema=out_schema,
-                          cfg=cfg, metrics=metrics, phase=phase, path=path, means=means,
+                          cfg=cfg, metrics=metrics, phase=phase, layout=layout, means=means,
                           weight=weight if phase == "partial" else None)
 
+    fused = getattr(df, "_arrangedb_join", None)
+    timed = at is not None or since is not None or upto is not None
+    if timed and not isinstance(df, ArrangedDataset):
+        sources = getattr(df, "_arrangedb_sources", None)
+        if sources is None or not all(isinstance(s, ArrangedDataset) for s in sources):
+            raise ValueError("snapshot_reduce: at=/since=/upto= read arranged datasets: "
+                             "give an arranged dataset or snapshot_join of two of them")
+        if since is not None:
+            from arrangedb.spark_integration.maintained import reduce_changes
+
+            result = reduce_changes(spark, *sources, fused[1], by, dict(aggs), out_schema,
+                                    since, upto, cfg, metrics)
+            result.arrangedb_metrics = metrics
+            return result
+        if upto is not None:
+            raise ValueError("upto= needs since= (the changes between two times)")
+        reading = _read_times(*sources, at, None, None, fused[1].how)
+        fused = (fused[0], replace(fused[1], left=reading[0], right=reading[1]), fused[2])
+
     if isinstance(df, ArrangedDataset):
-        s = spec("complete", path=df.path)
+        if since is not None:
+            out_schema = pa.schema(list(out_schema) + [pa.field("time", pa.int64()),
+                                                       pa.field("diff", pa.int64())])
+            spark_out = spark_schema(out_schema)
+        reading = _read_times(df, None, at, since, upto, "inner") if since is None else \
+            _changes_of(df, since, upto)
+        s = spec("complete", layout=reading[0])
+        s.since, s.upto = since, reading.get("upto")
         result = spark.range(0, df.num_partitions, 1, df.num_partitions).mapInArrow(
             _on_workers("reduce_partition", s), spark_out)
     elif any(f == "count_distinct" for f, _ in aggs.values()):
-        n = num_partitions or _default_partitions(spark)
+        n = num_partitions or default_partitions(spark)
         cols = sorted(set(by) | {c for _, c in aggs.values() if c is not None})
-        s = spec("complete", _arrow_schema(df.select(*cols).schema))
+        s = spec("complete", arrow_schema(df.select(*cols).schema))
         result = df.select(*cols).repartition(n, *by).mapInArrow(
             _on_workers("reduce_partition", s), spark_out)
     else:
-        n = num_partitions or _default_partitions(spark)
+        n = num_partitions or default_partitions(spark)
         cols = list(dict.fromkeys(by + [c for _, c in aggs.values() if c is not None]))
-        fused = getattr(df, "_arrangedb_join", None)
         weight = _weight_column(df, weight, by) if fused is None else None
         if weight is not None:
             cols = list(dict.fromkeys(cols + [weight]))
-        src = fused[1].out_schema if fused is not None else _arrow_schema(df.select(*cols).schema)
+        src = fused[1].out_schema if fused is not None else arrow_schema(df.select(*cols).schema)
         first, last = spec("partial", src), spec("final", src)
         from arrangedb.spark_integration.partition import partial_schema
 
-        partial_out = _spark_schema(partial_schema(first))
+        partial_out = spark_schema(partial_schema(first))
         if fused is not None:
             # the DataFrame is a snapshot_join's output: aggregate in the join's own tasks,
             # so the joined rows never travel back to the JVM and out again
@@ -300,6 +340,17 @@ def snapshot_reduce(df, by, aggs: dict, num_partitions: int | None = None, memor
             _on_workers("reduce_partition", last), spark_out)
     result.arrangedb_metrics = metrics
     return result
+
+
+def _changes_of(ds: ArrangedDataset, since: int, upto: int | None) -> dict:
+    if upto is None:
+        upto = ds.latest() + 1
+    if upto <= since:
+        raise ValueError(f"upto={upto} must be greater than since={since}")
+    if since > 0 and since - 1 < ds.since():
+        raise ValueError(f"{ds.path!r}: since={since} reads time {since - 1}, before the "
+                         f"compaction frontier {ds.since()}")
+    return {0: ds.layout(min(upto - 1, ds.latest())), "upto": upto}
 
 
 def _weight_column(df, weight, by: list[str]) -> str | None:
@@ -345,45 +396,3 @@ def _decimal_means(aggs: dict, source: pa.Schema) -> tuple[dict, dict]:
         else:
             run[name] = (fn, col)
     return run, means
-
-
-def arrange_df(df, key, vals=None, path=None, num_partitions: int | None = None,
-               memory_budget=None, spill_dir=None,
-               metrics: JobMetrics | None = None) -> ArrangedDataset:
-    """Arrange each hash partition of ``df`` on ``key`` and save it under ``path``.
-
-    Runs a job now; returns the :class:`ArrangedDataset` that ``snapshot_join`` and
-    ``snapshot_reduce`` accept in place of a DataFrame. ``path`` must be reachable from
-    every executor (a local path in local mode, a shared file system on a cluster). Key
-    columns must not hold nulls.
-    """
-    if path is None:
-        raise ValueError("arrange_df needs path=, the directory to write the dataset to")
-    keys = [key] if isinstance(key, str) else list(key)
-    missing = [k for k in keys if k not in df.columns]
-    if missing:
-        raise KeyError(f"arrange_df: no column(s) {missing} (columns: {df.columns})")
-    vals = [c for c in df.columns if c not in keys] if vals is None else list(vals)
-    path = os.path.abspath(os.fspath(path))
-    if os.path.exists(os.path.join(path, MANIFEST)):
-        raise FileExistsError(f"{path!r} already holds an arranged dataset")
-    os.makedirs(path, exist_ok=True)
-    spark = df.sparkSession
-    cfg = config.resolve(spark, memory_budget, spill_dir)
-    use_driver_python_locally(spark)
-    metrics = metrics or JobMetrics(spark)
-    n = num_partitions or _default_partitions(spark)
-    schema = _arrow_schema(df.select(*keys, *vals).schema)
-    summary_schema = _spark_schema(pa.schema([("partition", pa.int64()),
-                                              ("updates", pa.int64()), ("bytes", pa.int64())]))
-    rows = (df.select(*keys, *vals).repartition(n, *keys)
-            .mapInArrow(_on_workers("arrange_partition", keys, vals, schema, path,
-                             cfg, metrics), summary_schema)
-            .collect())   # one small summary row per partition, never data
-    with open(os.path.join(path, MANIFEST), "w") as f:
-        json.dump({"key": keys, "vals": vals, "num_partitions": n,
-                   "schema": schema.serialize().to_pybytes().hex(),
-                   "partitioning": "Spark hash partitioning (murmur3) of the key columns",
-                   "updates": sum(r["updates"] for r in rows),
-                   "bytes": sum(r["bytes"] for r in rows)}, f, indent=1)
-    return ArrangedDataset(path, keys, vals, n, schema)

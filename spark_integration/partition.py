@@ -37,8 +37,10 @@ class JoinSpec:
     right_schema: pa.Schema
     cfg: object
     metrics: object
-    left_path: str | None = None    # an arranged dataset's partition directory root
-    right_path: str | None = None
+    left: object = None         # an arranged dataset's Layout (its partitions at a time)
+    right: object = None
+    since: int | None = None    # the join's changes in [since, upto) instead of its rows
+    upto: int | None = None
     batch_rows: int = 1 << 16
 
 
@@ -172,10 +174,10 @@ def _joined(batches, spec: JoinSpec, task: _Task, engine, pid: int,
             read_dictionary: list[str] | None = None, schema: pa.Schema | None = None):
     import arrangedb as adb
 
-    left = engine.load(os.path.join(spec.left_path, f"part-{pid:05d}")) \
-        if spec.left_path else None
-    right = engine.load(os.path.join(spec.right_path, f"part-{pid:05d}")) \
-        if spec.right_path else None
+    from arrangedb.spark_integration.dataset_tasks import load_partition
+
+    left = load_partition(engine, spec.left, pid) if spec.left is not None else None
+    right = load_partition(engine, spec.right, pid) if spec.right is not None else None
     lb = None if left is not None else SideBuilder(engine, spec.keys, spec.left_vals,
                                                    spec.left_schema)
     rb = None if right is not None else SideBuilder(engine, spec.keys, spec.right_vals,
@@ -198,9 +200,22 @@ def _joined(batches, spec: JoinSpec, task: _Task, engine, pid: int,
             rb.add(_rename(batch, rsel, spec.right_schema.names))
     left = left if lb is None else lb.done()
     right = right if rb is None else rb.done()
-    for out in adb.join(left, right, how=spec.how, expand=True, batch_rows=spec.batch_rows,
-                        read_dictionary=read_dictionary or None):
+    if spec.since is not None:   # changes: key, vals, time, diff
+        for out in adb.join(left, right, since=spec.since, upto=spec.upto,
+                            batch_rows=spec.batch_rows):
+            yield pa.RecordBatch.from_arrays(out.columns, schema=schema or spec.out_schema)
+        return
+    at = _read_time(spec.left, spec.right)
+    for out in adb.join(left, right, at=at, how=spec.how, expand=True,
+                        batch_rows=spec.batch_rows, read_dictionary=read_dictionary or None):
         yield pa.RecordBatch.from_arrays(out.columns[:-1], schema=schema or spec.out_schema)
+
+
+def _read_time(*layouts) -> int | None:
+    """The time a join reads: the later of its arranged sides' (each side holds nothing
+    after its own time)."""
+    times = [lay.at for lay in layouts if lay is not None]
+    return max(times) if times else None
 
 
 @dataclass
@@ -212,9 +227,11 @@ class ReduceSpec:
     cfg: object
     metrics: object
     phase: str = "complete"      # complete (arranged), partial, final
-    path: str | None = None      # an arranged dataset to reduce instead of the input
+    layout: object = None        # an arranged dataset (at a time) to reduce instead
     means: dict = field(default_factory=dict)   # decimal means -> their (sum, count) aggs
     weight: str | None = None    # a column of multiplicities (a change DataFrame's diff)
+    since: int | None = None     # the aggregate's changes in [since, upto) (arranged input)
+    upto: int | None = None
 
 
 def spark_result(rb: pa.RecordBatch, spec: ReduceSpec) -> pa.RecordBatch:
@@ -306,10 +323,13 @@ def reduce_partition(batches, spec: ReduceSpec):
                 task.rows_out += b.num_rows
                 yield b if spec.phase == "partial" else spark_result(b, spec)
         else:
-            if spec.path:
+            if spec.layout is not None:
+                from arrangedb.spark_integration.dataset_tasks import load_partition
+
                 for _ in counted(batches):
                     pass
-                trace = engine.load(os.path.join(spec.path, f"part-{pid:05d}"))
+                trace = load_partition(engine, spec.layout, pid)
+                at = spec.layout.at
                 restore = False
             else:
                 vals = sorted({c for _, c in spec.aggs.values() if c is not None} - set(spec.by))
@@ -322,8 +342,10 @@ def reduce_partition(batches, spec: ReduceSpec):
                             .select(cols).to_batches():
                         b.add(rb)
                 trace = b.done()
-                restore = True
-            for out in adb.reduce(trace, spec.aggs):
+                at, restore = None, True
+            timed = dict(since=spec.since, upto=spec.upto) if spec.since is not None \
+                else dict(at=at)
+            for out in adb.reduce(trace, spec.aggs, **timed):
                 if restore:
                     out = restore_null_keys(out, spec.by)
                 task.rows_out += out.num_rows
@@ -338,21 +360,3 @@ def partial_schema(spec: ReduceSpec) -> pa.Schema:
     aggs = check_aggs(spec.aggs, spec.source_schema, "the input")
     return Partials(spec.by, aggs, partial_names(aggs), spec.source_schema,
                      None).partial_schema()
-
-
-def arrange_partition(batches, keys, vals, schema, path, cfg, metrics):
-    """Arrange one partition and save it under ``path/part-NNNNN``; report one row."""
-    task = _Task(cfg, metrics)
-    pid, batches = _partition_id(batches)
-    with task.engine() as engine:
-        b = SideBuilder(engine, keys, vals, schema)
-        for batch in batches:
-            task.rows_in += batch.num_rows
-            b.add(batch.select(schema.names))
-        trace = b.done()
-        trace.merge_all()   # pay for the merge once: every later read walks one batch
-        trace.save(os.path.join(path, f"part-{pid:05d}"))
-        st = trace.stats()
-        task.report(engine)
-    yield pa.record_batch({"partition": [pid], "updates": [st["updates"]],
-                           "bytes": [st["bytes_on_disk"]]})

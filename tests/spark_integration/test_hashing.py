@@ -225,13 +225,6 @@ KEY_SETS = [["s", "i64"], ["small", "s"], ["i8", "i16", "b", "dt"], ["f32", "f64
 # -- against Spark --------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def spark():
-    """The run's local session (``getOrCreate``), left running: a later module may share it."""
-    from arrangedb.spark_integration.session import local_session
-    return local_session("local[2]", memory_budget="64MiB")
-
-
-@pytest.fixture(scope="module")
 def data(spark):
     table = random_table(np.random.default_rng(20240601), 4000)
     return table, spark.createDataFrame(table)

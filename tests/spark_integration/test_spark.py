@@ -7,7 +7,6 @@ runs ``local-cluster[2,1,1024]`` in a subprocess (one SparkContext per JVM).
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -26,16 +25,9 @@ if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
 
 from arrangedb.pager import RSS_ALLOWANCE  # noqa: E402
 from arrangedb.spark_integration import (  # noqa: E402
-    ArrangedDataset, arrange_df, local_session, snapshot_join, snapshot_reduce)
+    ArrangedDataset, arrange_df, snapshot_join, snapshot_reduce)
 from arrangedb.spark_integration.config import (  # noqa: E402
     WORKER_RSS_ALLOWANCE, check_address_space, task_slots)
-
-
-@pytest.fixture(scope="module")
-def spark():
-    s = local_session("local[2]", memory_budget="64MiB")
-    yield s
-    s.stop()
 
 
 def rows(df) -> Counter:

@@ -1,0 +1,203 @@
+"""Arranged datasets: per-partition arrangements on shared storage, with a timeline.
+
+Layout of a dataset directory::
+
+    _arrangedb_dataset.json        the committed manifest, replaced atomically
+    _arrangedb_dataset.lock        held by the one writer (the driver) while it commits
+    part-NNNNN/cVVVVVV-aTTTT/      a saved trace: partition N's updates of commit V,
+                                   written by task attempt T
+    _views/<id>/                   maintained views over the dataset (datasets themselves)
+
+A commit is one time (an ``insert``, ``upsert`` or ``delete``) or, for a view, an interval
+of times. The manifest lists the commits in time order and, for each, the directory each
+partition's task wrote; a partition at time ``t`` is its directories of the commits whose
+first time is at most ``t``, read at ``t``.
+
+Commit protocol (Spark's file commit protocol, with the driver as the one committer):
+every task attempt writes its own directory (two attempts of a task never share one),
+fsync'd before the task reports it; the driver collects one report per partition from
+the attempts Spark counted as successful, writes the next manifest under a temporary
+name, fsyncs it, renames it over the old one and fsyncs the directory. A reader sees the
+old manifest or the new one, never a mix. Directories of failed, retried or speculative
+attempts are never named by a manifest and are removed after the commit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import zlib
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from arrangedb.pager import ManifestError
+from arrangedb.pager.diskio import disk
+
+MANIFEST = "_arrangedb_dataset.json"
+LOCK = "_arrangedb_dataset.lock"
+FORMAT = 2
+
+
+def part_dir(pid: int) -> str:
+    return f"part-{pid:05d}"
+
+
+def attempt_prefix(version: int) -> str:
+    return f"c{version:06d}-"
+
+
+# -- the manifest -------------------------------------------------------------------------
+
+def _checksum(m: dict) -> int:
+    body = {k: v for k, v in m.items() if k != "checksum"}
+    return zlib.crc32(json.dumps(body, sort_keys=True).encode())
+
+
+def read_manifest(path: str) -> dict:
+    mpath = os.path.join(path, MANIFEST)
+    try:
+        with open(mpath, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path!r} is not an arranged dataset (no {MANIFEST}); "
+                                f"write one with arrange_df") from None
+    try:
+        m = json.loads(raw)
+    except ValueError as e:
+        raise ManifestError(f"{mpath!r} is damaged: not JSON ({e})") from None
+    if "commits" not in m:   # written before datasets had times: one base at time 0
+        n = m["num_partitions"]
+        m.update(format=FORMAT, version=1, since=0, unique=False, batch_ids={},
+                 commits=[{"lower": 0, "upper": 1, "times": [0], "batch_id": None,
+                           "updates": m.get("updates", 0),
+                           "parts": {str(p): part_dir(p) for p in range(n)}}])
+        return m
+    if m.get("checksum") != _checksum(m):
+        raise ManifestError(f"{mpath!r} is damaged: its checksum does not match its contents")
+    return m
+
+
+def write_manifest(path: str, m: dict) -> None:
+    """Replace the manifest atomically and durably: temporary file, fsync, rename, fsync
+    of the directory."""
+    m = dict(m, checksum=None)
+    m["checksum"] = _checksum(m)
+    tmp = os.path.join(path, f"{MANIFEST}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump(m, f, indent=1)
+        f.flush()
+        disk().fsync(f.fileno())
+    os.replace(tmp, os.path.join(path, MANIFEST))
+    disk().fsync_dir(path)
+
+
+def new_manifest(keys, vals, n: int, schema: pa.Schema, unique: bool, **extra) -> dict:
+    return {"format": FORMAT, "key": keys, "vals": vals, "num_partitions": n,
+            "schema": schema.serialize().to_pybytes().hex(),
+            "partitioning": "Spark hash partitioning (murmur3) of the key columns",
+            "unique": unique, "version": 0, "since": 0, "batch_ids": {}, "commits": [],
+            **extra}
+
+
+def latest_time(m: dict) -> int | None:
+    return max((t for c in m["commits"] for t in c["times"]), default=None)
+
+
+@contextlib.contextmanager
+def writer(path: str):
+    """The writer role for a dataset (one committer at a time on this host); attempts of
+    an earlier commit that never landed are removed first."""
+    with open(os.path.join(path, LOCK), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            m = read_manifest(path)
+            remove_attempts(path, m["version"] + 1, keep=())
+            yield m
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def remove_attempts(path: str, version: int, keep) -> None:
+    """Remove the directories written for commit ``version`` that ``keep`` does not name."""
+    keep = set(keep)
+    prefix = attempt_prefix(version)
+    for part in os.listdir(path):
+        if not part.startswith("part-"):
+            continue
+        for d in os.listdir(os.path.join(path, part)):
+            rel = f"{part}/{d}"
+            if d.startswith(prefix) and rel not in keep:
+                shutil.rmtree(os.path.join(path, rel), ignore_errors=True)
+
+
+def commit(path: str, m: dict, reports, times: list[int], batch_id=None,
+           replace: bool = False, since: int | None = None) -> dict:
+    """Publish the directories the tasks reported (rows of partition, dir, updates) as
+    commit ``m['version'] + 1``; ``replace``: they hold the whole dataset (compaction)."""
+    version = m["version"] + 1
+    parts, updates = {}, 0
+    for r in reports:
+        pid = str(r["partition"])
+        if pid in parts:
+            raise RuntimeError(f"two task attempts reported partition {pid} of commit "
+                               f"{version}")
+        if r["dir"]:
+            parts[pid] = r["dir"]
+        updates += r["updates"]
+    entry = {"lower": min(times), "upper": max(times) + 1, "times": sorted(times),
+             "batch_id": None if batch_id is None else str(batch_id), "parts": parts,
+             "updates": updates}
+    old_dirs = {d for c in m["commits"] for d in c["parts"].values()}
+    new = dict(m, version=version, commits=[entry] if replace else m["commits"] + [entry])
+    if batch_id is not None:
+        new["batch_ids"] = dict(m["batch_ids"], **{str(batch_id): max(times)})
+    if since is not None:
+        new["since"] = since
+    write_manifest(path, new)
+    remove_attempts(path, version, keep=parts.values())
+    if replace:   # what the compacted commit replaces is no longer named by any version
+        for d in old_dirs - set(parts.values()):
+            shutil.rmtree(os.path.join(path, d), ignore_errors=True)
+    return new
+
+
+def resolve_at(m: dict, at: int | None, path: str) -> int:
+    latest = latest_time(m)
+    if latest is None:
+        raise ValueError(f"{path!r} holds no committed time")
+    if at is None:
+        return latest
+    at = int(at)
+    if at < m["since"]:
+        raise ValueError(f"{path!r}: time {at} is before the compaction frontier "
+                         f"{m['since']} (compact(before={m['since']}) folded it away)")
+    first = min(t for c in m["commits"] for t in c["times"])
+    if at < first:
+        raise ValueError(f"{path!r} has no data at time {at}: its first time is {first}")
+    return at
+
+
+def parts_at(m: dict, at: int) -> list[list[str]]:
+    """Each partition's directories (oldest first) of the commits that begin by ``at``."""
+    out = [[] for _ in range(m["num_partitions"])]
+    for c in m["commits"]:
+        if c["lower"] <= at:
+            for pid, d in c["parts"].items():
+                out[int(pid)].append(d)
+    return out
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a task needs to read a partition: the dataset's root, its key and val
+    columns, and each partition's directories at the time read."""
+    root: str
+    key: list[str]
+    vals: list[str]
+    schema: pa.Schema
+    parts: list[list[str]]
+    at: int

@@ -1,0 +1,183 @@
+"""What runs inside the tasks that read and write an arranged dataset's partitions.
+
+Each writing task saves the trace of its partition's new updates into a directory of its
+own (``part-NNNNN/cVVVVVV-aTTTT``, T: Spark's task attempt id) and reports one row
+(partition, dir, updates); the driver commits (see :mod:`.dataset`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from arrangedb.spark_integration.dataset import Layout, attempt_prefix, part_dir
+from arrangedb.spark_integration.partition import _Task
+
+TIME = "__arrangedb_time"
+DIFF = "__arrangedb_diff"
+REPORT = pa.schema([("partition", pa.int64()), ("dir", pa.string()), ("updates", pa.int64())])
+
+
+def _task_ids() -> tuple[int, int]:
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    return ctx.partitionId(), ctx.taskAttemptId()
+
+
+def load_partition(engine, layout: Layout, pid: int):
+    """Partition ``pid`` of a dataset at ``layout.at``: its first directory mapped in
+    place, the updates of later commits (small: one time each) inserted into it."""
+    dirs = layout.parts[pid]
+    if not dirs:
+        return engine.arrange(layout.schema.empty_table(), key=layout.key, vals=layout.vals)
+    trace = engine.load(os.path.join(layout.root, dirs[0]))
+    for d in dirs[1:]:
+        delta = engine.load(os.path.join(layout.root, d))
+        try:
+            trace.insert(delta.changes(0))
+        finally:
+            delta.close()
+    return trace
+
+
+@dataclass
+class WriteSpec:
+    root: str
+    key: list[str]
+    vals: list[str]
+    schema: pa.Schema           # key columns then vals, as stored
+    version: int                # the commit the written directories belong to
+    time: int | None            # the time of every update (None: the rows' TIME column)
+    diff: str | None            # the column of multiplicities (None: +1 each)
+    cfg: object
+    metrics: object
+    unique: bool = False
+    current: Layout | None = None   # the dataset before the write (upserts, deletes)
+    mode: str = "insert"        # insert, upsert, delete, compact, arrange
+    compact_before: int | None = None
+
+
+def _save(trace, spec: WriteSpec, pid: int, attempt: int):
+    n = trace.stats()["updates"]
+    if n == 0:
+        return pa.record_batch({"partition": [pid], "dir": [""], "updates": [0]},
+                               schema=REPORT)
+    rel = f"{part_dir(pid)}/{attempt_prefix(spec.version)}a{attempt}"
+    os.makedirs(os.path.join(spec.root, part_dir(pid)), exist_ok=True)
+    trace.save(os.path.join(spec.root, rel))   # page files, manifest, directory: fsync'd
+    return pa.record_batch({"partition": [pid], "dir": [rel], "updates": [n]}, schema=REPORT)
+
+
+def _with_time(rb: pa.RecordBatch, spec: WriteSpec) -> pa.RecordBatch:
+    arrays = [rb.column(c) for c in spec.schema.names]
+    arrays.append(pa.array(np.full(rb.num_rows, spec.time, np.int64)))
+    if spec.diff is not None:
+        d = rb.column(spec.diff)
+        if d.null_count:
+            raise ValueError(f"the diff column {spec.diff!r} holds nulls")
+        arrays.append(d.cast(pa.int64()))
+    return pa.RecordBatch.from_arrays(arrays, schema=_updates_schema(spec))
+
+
+def _updates_schema(spec: WriteSpec) -> pa.Schema:
+    fields = list(spec.schema) + [pa.field(TIME, pa.int64())]
+    if spec.diff is not None:
+        fields.append(pa.field(DIFF, pa.int64()))
+    return pa.schema(fields)
+
+
+def _check_keys(rb: pa.RecordBatch, keys: list[str]) -> None:
+    for k in keys:
+        if rb.column(k).null_count:
+            raise ValueError(f"key column {k!r} holds nulls: an arranged dataset's keys "
+                             f"must not be null")
+
+
+def write_partition(batches, spec: WriteSpec):
+    """One partition's new updates (insert, upsert, delete), or all of its updates
+    (arrange, compact), saved as a trace in the task attempt's own directory."""
+    pid, attempt = _task_ids()
+    task = _Task(spec.cfg, spec.metrics)
+    with task.engine() as engine:
+        if spec.mode == "compact":
+            for _ in batches:
+                pass
+            trace = load_partition(engine, spec.current, pid)
+            handle = trace.handle()
+            handle.set_logical_compaction(spec.compact_before)
+            trace.merge_all()
+        elif spec.mode in ("upsert", "delete"):
+            trace = _retract_and_replace(engine, batches, spec, pid, task)
+        else:
+            def rows():
+                for rb in batches:
+                    task.rows_in += rb.num_rows
+                    _check_keys(rb, spec.key)
+                    yield _with_time(rb, spec)
+            trace = engine.arrange(pa.RecordBatchReader.from_batches(_updates_schema(spec),
+                                                                     rows()),
+                                   key=spec.key, vals=spec.vals, time=TIME,
+                                   diff=DIFF if spec.diff is not None else None)
+            if spec.mode == "arrange":
+                trace.merge_all()   # pay for the merge once: later reads walk one batch
+                if spec.unique:
+                    _check_unique(trace, spec.key)
+        out = _save(trace, spec, pid, attempt)
+        task.report(engine)
+    yield out
+
+
+def _check_unique(trace, keys) -> None:
+    st = trace.stats()
+    if st["keys"] != st["updates"]:
+        raise ValueError(f"unique=True, but keys {keys} repeat: {st['updates']} rows hold "
+                         f"{st['keys']} distinct keys")
+
+
+def _retract_and_replace(engine, batches, spec: WriteSpec, pid: int, task: _Task):
+    """Upsert: the new rows at the time, and the retraction of each key's current row;
+    delete: the retractions alone. Old rows are found by one batched lookup per input
+    batch (keys sorted once, the trace walked in order)."""
+    current = load_partition(engine, spec.current, pid)
+    names = spec.schema.names
+    pieces = []
+    seen = []
+    for rb in batches:
+        task.rows_in += rb.num_rows
+        if rb.num_rows == 0:
+            continue
+        _check_keys(rb, spec.key)
+        keys = pa.table([rb.column(k) for k in spec.key], names=spec.key)
+        seen.append(keys)
+        old = current.lookup(keys, at=spec.current.at)
+        if old.num_rows:
+            counts = old.column("count").to_numpy(zero_copy_only=False).astype(np.int64)
+            pieces.append(pa.table([old.column(c) for c in names]
+                                   + [pa.array(np.full(old.num_rows, spec.time, np.int64)),
+                                      pa.array(-counts)],
+                                   names=names + [TIME, DIFF]))
+        if spec.mode == "upsert":
+            pieces.append(pa.table([rb.column(c) for c in names]
+                                   + [pa.array(np.full(rb.num_rows, spec.time, np.int64)),
+                                      pa.array(np.ones(rb.num_rows, np.int64))],
+                                   names=names + [TIME, DIFF]))
+    if seen:
+        _check_distinct(pa.concat_tables(seen), spec.key, spec.mode)
+    schema = pa.schema(list(spec.schema) + [pa.field(TIME, pa.int64()),
+                                            pa.field(DIFF, pa.int64())])
+    table = (pa.concat_tables([p.cast(schema) for p in pieces]) if pieces
+             else schema.empty_table())
+    return engine.arrange(table, key=spec.key, vals=spec.vals, time=TIME, diff=DIFF)
+
+
+def _check_distinct(keys: pa.Table, names: list[str], mode: str) -> None:
+    if keys.num_rows and keys.group_by(names).aggregate([]).num_rows != keys.num_rows:
+        counts = keys.group_by(names).aggregate([([], "count_all")])
+        dup = counts.filter(pc.greater(counts.column("count_all"), 1)).slice(0, 3)
+        raise ValueError(f"{mode}: the input repeats keys (e.g. {dup.select(names).to_pylist()}); "
+                         f"each key may appear once")
