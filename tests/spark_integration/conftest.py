@@ -1,5 +1,7 @@
-"""One local[2] Spark session for every Spark test module of the run (a SparkContext
-costs seconds to start and only one can run per JVM)."""
+"""The Spark session of the Spark test modules: one local[2] session, started by the
+first module that needs it and shared by the others (``getOrCreate``: a SparkContext
+costs seconds to start and only one runs per JVM). A module that stops it (a benchmark)
+leaves the next one to start it again; the JVM ends with the test process."""
 
 from __future__ import annotations
 
@@ -9,12 +11,10 @@ import shutil
 import pytest
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def spark():
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         pytest.skip("Spark needs Java 17 (see `make java`)")
     from arrangedb.spark_integration import local_session
 
-    s = local_session("local[2]", memory_budget="64MiB")
-    yield s
-    s.stop()
+    return local_session("local[2]", memory_budget="64MiB")
