@@ -188,14 +188,18 @@ def snapshot_join(left_df, right_df, on, how: str = "inner", num_partitions: int
     return result
 
 
+def _check_times(**times) -> None:
+    for name, value in times.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 0):
+            raise ValueError(f"{name}={value!r} must be a time (an int >= 0)")
+
+
 def _read_times(left, right, at, since, upto, how) -> dict:
     """The layouts the arranged sides are read at (keys 0, 1) and, for changes, the
     resolved ``upto``."""
     sides = {i: s for i, s in enumerate((left, right)) if isinstance(s, ArrangedDataset)}
-    for name, value in (("at", at), ("since", since), ("upto", upto)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or value < 0):
-            raise ValueError(f"{name}={value!r} must be a time (an int >= 0)")
+    _check_times(at=at, since=since, upto=upto)
     if since is None:
         if upto is not None:
             raise ValueError("upto= needs since= (the changes between two times)")
@@ -278,6 +282,7 @@ def snapshot_reduce(df, by, aggs: dict, num_partitions: int | None = None, memor
                           weight=weight if phase == "partial" else None)
 
     fused = getattr(df, "_arrangedb_join", None)
+    _check_times(at=at, since=since, upto=upto)
     timed = at is not None or since is not None or upto is not None
     if timed and not isinstance(df, ArrangedDataset):
         sources = getattr(df, "_arrangedb_sources", None)

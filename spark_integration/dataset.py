@@ -72,7 +72,7 @@ def read_manifest(path: str) -> dict:
     if "commits" not in m:   # written before datasets had times: one base at time 0
         n = m["num_partitions"]
         m.update(format=FORMAT, version=1, since=0, unique=False, batch_ids={},
-                 commits=[{"lower": 0, "upper": 1, "times": [0], "batch_id": None,
+                 commits=[{"lower": 0, "upper": 1, "times": [0], "batch_id": None, "version": 1,
                            "updates": m.get("updates", 0),
                            "parts": {str(p): part_dir(p) for p in range(n)}}])
         return m
@@ -135,9 +135,12 @@ def remove_attempts(path: str, version: int, keep) -> None:
 
 
 def commit(path: str, m: dict, reports, times: list[int], batch_id=None,
-           replace: bool = False, since: int | None = None) -> dict:
+           replace: bool = False, since: int | None = None, **fields) -> dict:
     """Publish the directories the tasks reported (rows of partition, dir, updates) as
-    commit ``m['version'] + 1``; ``replace``: they hold the whole dataset (compaction)."""
+    commit ``m['version'] + 1``; ``replace``: they hold the whole dataset (compaction).
+    Each commit records the version its data runs through (a compaction's: the last
+    version it folds), which is what a view's steps count by. ``fields``: top-level
+    entries of the manifest to set with it."""
     version = m["version"] + 1
     parts, updates = {}, 0
     for r in reports:
@@ -150,9 +153,10 @@ def commit(path: str, m: dict, reports, times: list[int], batch_id=None,
         updates += r["updates"]
     entry = {"lower": min(times), "upper": max(times) + 1, "times": sorted(times),
              "batch_id": None if batch_id is None else str(batch_id), "parts": parts,
-             "updates": updates}
+             "updates": updates, "version": m["version"] if replace else version}
     old_dirs = {d for c in m["commits"] for d in c["parts"].values()}
-    new = dict(m, version=version, commits=[entry] if replace else m["commits"] + [entry])
+    new = dict(m, version=version, commits=[entry] if replace else m["commits"] + [entry],
+               **fields)
     if batch_id is not None:
         new["batch_ids"] = dict(m["batch_ids"], **{str(batch_id): max(times)})
     if since is not None:
@@ -191,6 +195,30 @@ def parts_at(m: dict, at: int) -> list[list[str]]:
     return out
 
 
+def through(m: dict) -> int:
+    """The version the dataset's data runs through (what a view has seen once it has
+    folded every commit)."""
+    return max((c["version"] for c in m["commits"]), default=0)
+
+
+def split_seen(m: dict, seen: int) -> tuple[list[list[str]], list[tuple[int, list[list[str]]]]]:
+    """Each partition's directories of the commits through version ``seen``, and the
+    later commits as (time, each partition's directories), oldest first."""
+    n = m["num_partitions"]
+    old = [[] for _ in range(n)]
+    new = []
+    for c in m["commits"]:
+        if c["version"] <= seen:
+            for pid, d in c["parts"].items():
+                old[int(pid)].append(d)
+        else:
+            parts = [[] for _ in range(n)]
+            for pid, d in c["parts"].items():
+                parts[int(pid)].append(d)
+            new.append((max(c["times"]), parts))
+    return old, new
+
+
 @dataclass(frozen=True)
 class Layout:
     """What a task needs to read a partition: the dataset's root, its key and val
@@ -201,3 +229,7 @@ class Layout:
     schema: pa.Schema
     parts: list[list[str]]
     at: int
+    # for a view's step: later commits (time, each partition's directories), their
+    # updates inserted at max(their time, floor)
+    fresh: tuple = ()
+    floor: int = 0

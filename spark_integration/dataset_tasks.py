@@ -31,18 +31,42 @@ def _task_ids() -> tuple[int, int]:
 
 def load_partition(engine, layout: Layout, pid: int):
     """Partition ``pid`` of a dataset at ``layout.at``: its first directory mapped in
-    place, the updates of later commits (small: one time each) inserted into it."""
+    place, the updates of later commits (small: one time each) inserted into it; then
+    those of ``layout.fresh``, at ``layout.floor`` or later."""
     dirs = layout.parts[pid]
     if not dirs:
-        return engine.arrange(layout.schema.empty_table(), key=layout.key, vals=layout.vals)
-    trace = engine.load(os.path.join(layout.root, dirs[0]))
+        trace = engine.arrange(layout.schema.empty_table(), key=layout.key, vals=layout.vals)
+    else:
+        trace = engine.load(os.path.join(layout.root, dirs[0]))
     for d in dirs[1:]:
-        delta = engine.load(os.path.join(layout.root, d))
-        try:
-            trace.insert(delta.changes(0))
-        finally:
-            delta.close()
+        _insert_saved(engine, trace, os.path.join(layout.root, d), None)
+    for _time, parts in layout.fresh:
+        for d in parts[pid]:
+            _insert_saved(engine, trace, os.path.join(layout.root, d), layout.floor)
     return trace
+
+
+def _insert_saved(engine, trace, path: str, floor: int | None) -> None:
+    delta = engine.load(path)
+    try:
+        changes = delta.changes(0)
+        if floor is not None:
+            changes = _at_least(changes, floor)
+        trace.insert(changes)
+    finally:
+        delta.close()
+
+
+def _at_least(reader: pa.RecordBatchReader, floor: int) -> pa.RecordBatchReader:
+    """The updates with each time moved up to ``floor`` if it is earlier."""
+    i = reader.schema.get_field_index("time")
+
+    def gen():
+        for rb in reader:
+            t = pc.max_element_wise(rb.column(i), pa.scalar(floor, rb.column(i).type))
+            yield pa.RecordBatch.from_arrays(
+                [t if j == i else c for j, c in enumerate(rb.columns)], schema=reader.schema)
+    return pa.RecordBatchReader.from_batches(reader.schema, gen())
 
 
 @dataclass

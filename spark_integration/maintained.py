@@ -78,10 +78,9 @@ class ViewSpec:
     join: object = None        # the JoinSpec of the inputs read at upto - 1
     view: Layout | None = None   # the view at its time before the step
     root: str = ""
-    version: int = 0
-    start: int = 0
+    version: int = 0           # the view's commit this step writes
+    since: int = 0             # the changes read: [since, upto)
     upto: int = 0
-    since: int = 0
 
 
 def _partials(spec: ViewSpec):
@@ -94,7 +93,7 @@ def _partials(spec: ViewSpec):
 # -- tasks ----------------------------------------------------------------------------
 
 def join_deltas(batches, spec: ViewSpec):
-    """Step 1 in join partition i: the join's changes in [start, upto), partially
+    """Step 1 in join partition i: the join's changes in the step, partially
     aggregated per (group, time)."""
     import arrangedb as adb
 
@@ -105,7 +104,7 @@ def join_deltas(batches, spec: ViewSpec):
     with task.engine() as engine:
         left = load_partition(engine, spec.join.left, pid)
         right = load_partition(engine, spec.join.right, pid)
-        changes = adb.join(left, right, since=spec.start, upto=spec.upto)
+        changes = adb.join(left, right, since=spec.join.since, upto=spec.join.upto)
         names = spec.join.out_schema.names + [TIME, DIFF]
         renamed = pa.RecordBatchReader.from_batches(
             pa.schema([f.with_name(n) for f, n in zip(changes.schema, names)]),
@@ -251,15 +250,19 @@ def view_path(left, right, jspec, by, aggs) -> str:
 def reduce_changes(spark, left, right, jspec, by, aggs, out_schema, since, upto, cfg,
                    metrics):
     """The aggregate's changes in [since, upto) as a DataFrame (by, aggregates, time,
-    diff); brings the view up to ``upto - 1`` first (one job, committed)."""
-    from arrangedb.spark_integration.api import _read_times
+    diff); brings the view up to date with its inputs first (one job, committed).
+
+    A step folds the inputs' commits the view has not seen, counted by version: the
+    state seen before is read as of the view's time ``v``, the new commits' updates at
+    their times, or at ``v + 1`` if earlier (a commit to one input at a time the view
+    has passed lands at the view's next time; its history is not rewritten)."""
     from arrangedb.spark_integration.frames import on_workers, spark_schema
     from arrangedb.spark_integration.partition import partial_schema, ReduceSpec
 
+    if upto is not None and upto <= since:
+        raise ValueError(f"upto={upto} must be greater than since={since}")
     source = jspec.out_schema
     state = state_aggs(aggs, source, "snapshot_reduce")
-    reading = _read_times(left, right, None, since, upto, "inner")
-    upto = reading["upto"]
     pschema = partial_schema(ReduceSpec(by=by, aggs=state, source_schema=source,
                                         out_schema=out_schema, cfg=cfg, metrics=metrics))
     key_schema = null_safe_keys(pschema.empty_table(), by).select(by + [NULLS]).schema
@@ -274,31 +277,52 @@ def reduce_changes(spark, left, right, jspec, by, aggs, out_schema, since, upto,
         dataset.write_manifest(path, dataset.new_manifest(
             key_schema.names, val_schema.names, n,
             pa.schema(list(key_schema) + list(val_schema)), True,
+            inputs={"left": 0, "right": 0},
             definition={"left": left.path, "right": right.path, "on": jspec.keys,
                         "by": by, "aggs": {k: list(v) for k, v in aggs.items()}}))
     spec = ViewSpec(by=by, aggs=aggs, state=state, source_schema=source, out_schema=out,
                     key_schema=key_schema, val_schema=val_schema, cfg=cfg, metrics=metrics,
-                    root=path, upto=upto, since=since)
+                    root=path)
     with dataset.writer(path) as m:
+        m = _step(spark, spec, m, left, right, jspec, n)
         v = dataset.latest_time(m)
-        if v is None or v < upto - 1:
-            start = 0 if v is None else v + 1
-            spec.start, spec.version = start, m["version"] + 1
-            spec.join = _replace(jspec, left=reading[0], right=reading[1], since=start,
-                                 upto=upto)
-            spec.view = None if v is None else _view_layout(path, m, v, spec)
-            reports = (spark.range(0, n, 1, n)
-                       .mapInArrow(on_workers("maintained", "join_deltas", spec),
-                                   spark_schema(delta_schema(spec)))
-                       .repartition(n, *by)
-                       .mapInArrow(on_workers("maintained", "apply_deltas", spec),
-                                   spark_schema(REPORT))
-                       .collect())
-            m = dataset.commit(path, m, [r.asDict() for r in reports],
-                               [start, upto - 1] if start < upto - 1 else [upto - 1])
-        spec.view = _view_layout(path, m, upto - 1, spec)
+        upto = v + 1 if upto is None else upto
+        if since > v:
+            raise ValueError(f"since={since} is after the view's latest time {v}")
+        spec.since, spec.upto = since, upto
+        spec.view = _view_layout(path, m, min(upto - 1, v), spec)
     return spark.range(0, n, 1, n).mapInArrow(on_workers("maintained", "view_changes", spec),
                                               spark_schema(out))
+
+
+def _step(spark, spec: ViewSpec, m: dict, left, right, jspec, n: int) -> dict:
+    """Fold the inputs' unseen commits into the view; returns its new manifest."""
+    from arrangedb.spark_integration.frames import on_workers, spark_schema
+
+    v = dataset.latest_time(m)
+    ml, mr = dataset.read_manifest(left.path), dataset.read_manifest(right.path)
+    seen = m["inputs"]
+    lold, lnew = dataset.split_seen(ml, seen["left"])
+    rold, rnew = dataset.split_seen(mr, seen["right"])
+    if v is not None and not lnew and not rnew:
+        return m
+    floor = 0 if v is None else v + 1
+    upto = max([floor] + [t for t, _ in lnew + rnew]) + 1
+    sides = [Layout(ds.path, ds.key, ds.vals, ds.schema, old, upto - 1, tuple(new), floor)
+             for ds, old, new in ((left, lold, lnew), (right, rold, rnew))]
+    spec.version = m["version"] + 1
+    spec.join = _replace(jspec, left=sides[0], right=sides[1], since=floor, upto=upto)
+    spec.view = None if v is None else _view_layout(spec.root, m, v, spec)
+    reports = (spark.range(0, n, 1, n)
+               .mapInArrow(on_workers("maintained", "join_deltas", spec),
+                           spark_schema(delta_schema(spec)))
+               .repartition(n, *spec.by)
+               .mapInArrow(on_workers("maintained", "apply_deltas", spec),
+                           spark_schema(REPORT))
+               .collect())
+    return dataset.commit(spec.root, m, [r.asDict() for r in reports],
+                          sorted({floor, upto - 1}),
+                          inputs={"left": dataset.through(ml), "right": dataset.through(mr)})
 
 
 def delta_schema(spec: ViewSpec) -> pa.Schema:
