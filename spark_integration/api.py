@@ -298,8 +298,12 @@ def snapshot_reduce(df, by, aggs: dict, num_partitions: int | None = None, memor
             return result
         if upto is not None:
             raise ValueError("upto= needs since= (the changes between two times)")
+    sources = getattr(df, "_arrangedb_sources", ())
+    if fused is not None and any(isinstance(s, ArrangedDataset) for s in sources):
+        # a new query: its arranged inputs are read at at= (None: their latest now)
         reading = _read_times(*sources, at, None, None, fused[1].how)
-        fused = (fused[0], replace(fused[1], left=reading[0], right=reading[1]), fused[2])
+        fused = (fused[0], replace(fused[1], left=reading.get(0), right=reading.get(1)),
+                 fused[2])
 
     if isinstance(df, ArrangedDataset):
         if since is not None:

@@ -135,7 +135,8 @@ def remove_attempts(path: str, version: int, keep) -> None:
 
 
 def commit(path: str, m: dict, reports, times: list[int], batch_id=None,
-           replace: bool = False, since: int | None = None, **fields) -> dict:
+           replace: bool = False, since: int | None = None, entry: dict | None = None,
+           **fields) -> dict:
     """Publish the directories the tasks reported (rows of partition, dir, updates) as
     commit ``m['version'] + 1``; ``replace``: they hold the whole dataset (compaction).
     Each commit records the version its data runs through (a compaction's: the last
@@ -153,7 +154,10 @@ def commit(path: str, m: dict, reports, times: list[int], batch_id=None,
         updates += r["updates"]
     entry = {"lower": min(times), "upper": max(times) + 1, "times": sorted(times),
              "batch_id": None if batch_id is None else str(batch_id), "parts": parts,
-             "updates": updates, "version": m["version"] if replace else version}
+             "updates": updates, "version": m["version"] if replace else version,
+             **(entry or {})}
+    if replace:   # the versions it folds: a view that saw some of them cannot split it
+        entry["compacted_from"] = min((c["version"] for c in m["commits"]), default=0)
     old_dirs = {d for c in m["commits"] for d in c["parts"].values()}
     new = dict(m, version=version, commits=[entry] if replace else m["commits"] + [entry],
                **fields)

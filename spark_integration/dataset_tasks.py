@@ -128,32 +128,37 @@ def write_partition(batches, spec: WriteSpec):
     pid, attempt = _task_ids()
     task = _Task(spec.cfg, spec.metrics)
     with task.engine() as engine:
-        if spec.mode == "compact":
-            for _ in batches:
-                pass
-            trace = load_partition(engine, spec.current, pid)
-            handle = trace.handle()
-            handle.set_logical_compaction(spec.compact_before)
-            trace.merge_all()
-        elif spec.mode in ("upsert", "delete"):
-            trace = _retract_and_replace(engine, batches, spec, pid, task)
-        else:
-            def rows():
-                for rb in batches:
-                    task.rows_in += rb.num_rows
-                    _check_keys(rb, spec.key)
-                    yield _with_time(rb, spec)
-            trace = engine.arrange(pa.RecordBatchReader.from_batches(_updates_schema(spec),
-                                                                     rows()),
-                                   key=spec.key, vals=spec.vals, time=TIME,
-                                   diff=DIFF if spec.diff is not None else None)
-            if spec.mode == "arrange":
-                trace.merge_all()   # pay for the merge once: later reads walk one batch
-                if spec.unique:
-                    _check_unique(trace, spec.key)
-        out = _save(trace, spec, pid, attempt)
+        out = _save(written_trace(engine, batches, spec, pid, task), spec, pid, attempt)
         task.report(engine)
     yield out
+
+
+def written_trace(engine, batches, spec: WriteSpec, pid: int, task: _Task):
+    """The trace a writing task saves for partition ``pid``."""
+    if spec.mode == "compact":
+        for _ in batches:
+            pass
+        trace = load_partition(engine, spec.current, pid)
+        handle = trace.handle()
+        handle.set_logical_compaction(spec.compact_before)
+        trace.merge_all()
+        return trace
+    if spec.mode in ("upsert", "delete"):
+        return _retract_and_replace(engine, batches, spec, pid, task)
+
+    def rows():
+        for rb in batches:
+            task.rows_in += rb.num_rows
+            _check_keys(rb, spec.key)
+            yield _with_time(rb, spec)
+    trace = engine.arrange(pa.RecordBatchReader.from_batches(_updates_schema(spec), rows()),
+                           key=spec.key, vals=spec.vals, time=TIME,
+                           diff=DIFF if spec.diff is not None else None)
+    if spec.mode == "arrange":
+        trace.merge_all()   # pay for the merge once: later reads walk one batch
+        if spec.unique:
+            _check_unique(trace, spec.key)
+    return trace
 
 
 def _check_unique(trace, keys) -> None:

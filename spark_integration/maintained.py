@@ -15,17 +15,27 @@ time ``v`` to ``upto``:
    old state and the new state: a commit of the view dataset (:mod:`.dataset`).
 
 The output's changes in ``[since, upto)`` are then the view's own changes, read from
-the view's partitions and finished into aggregates. Count, sum and mean are linear, so
+the view's partitions and finished into aggregates; a step's changes, when few (as the
+per-region changes of a day), are also kept in the view's manifest, so that reading
+them runs no job.
+
+An ``insert`` (``upsert``, ``delete``) into an input of an up-to-date view steps the
+view in the insert's own job: each writing task joins its partition's new updates with
+the other input's partition, and the partials go on to the view's tasks -- one job, two
+commits (the dataset's, then the view's; a view left behind by a crash between them is
+stepped by its next read). Count, sum and mean are linear, so
 their state is exact; min, max and count_distinct would need each group's multiset and
 are refused here (``at=`` snapshots compute them).
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+import shutil
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
@@ -33,11 +43,13 @@ import pyarrow.compute as pc
 
 from arrangedb.spark_integration import dataset
 from arrangedb.spark_integration.dataset import Layout
-from arrangedb.spark_integration.dataset_tasks import REPORT, WriteSpec, _save, _task_ids, \
-    load_partition
+from arrangedb.spark_integration.dataset_tasks import (REPORT, WriteSpec, _save, _task_ids,
+                                                      load_partition, written_trace)
 from arrangedb.spark_integration.partition import (NULLS, _Task, null_safe_keys,
                                                    restore_null_keys)
 
+INLINE_ROWS = 4096
+"""A step whose output changes have at most this many rows keeps them in the manifest."""
 ROWS = "__rows"
 ROWS_PARTIAL = f"__{ROWS}__n"     # its partial column (ops.partials.partial_names)
 TIME, DIFF = "time", "diff"
@@ -73,14 +85,44 @@ class ViewSpec:
     out_schema: pa.Schema      # by, the outputs (Spark's types), time, diff
     key_schema: pa.Schema      # the view's key: by (nulls made safe), NULLS
     val_schema: pa.Schema      # the state's partial columns
-    cfg: object
-    metrics: object
-    join: object = None        # the JoinSpec of the inputs read at upto - 1
-    view: Layout | None = None   # the view at its time before the step
-    root: str = ""
-    version: int = 0           # the view's commit this step writes
+    root: str                  # the view's directory
+    cfg: object = None
+    metrics: object = None
+    left: Layout | None = None    # a step's inputs: what the view saw, and what is new
+    right: Layout | None = None
+    step_since: int = 0        # the step's updates are at times [step_since, step_upto)
+    step_upto: int = 0
+    view: Layout | None = None   # the view before a step, or at the time read
+    version: int = 0           # the view's commit a step writes
     since: int = 0             # the changes read: [since, upto)
     upto: int = 0
+
+
+def definition(left, right, on, by, aggs, source: pa.Schema, out: pa.Schema) -> dict:
+    return {"left": left.path, "right": right.path, "on": list(on), "by": list(by),
+            "aggs": {k: list(v) for k, v in aggs.items()},
+            "source": source.serialize().to_pybytes().hex(),
+            "out": out.serialize().to_pybytes().hex()}
+
+
+def view_spec(defn: dict, root: str, cfg, metrics) -> ViewSpec:
+    """The spec of the view ``defn`` describes (see :func:`definition`)."""
+    from arrangedb.spark_integration.partition import ReduceSpec, partial_schema
+
+    read = lambda h: pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(h)))  # noqa: E731
+    by, aggs = defn["by"], {k: tuple(v) for k, v in defn["aggs"].items()}
+    source, out_schema = read(defn["source"]), read(defn["out"])
+    state = state_aggs(aggs, source, "snapshot_reduce")
+    pschema = partial_schema(ReduceSpec(by=by, aggs=state, source_schema=source,
+                                        out_schema=out_schema, cfg=cfg, metrics=metrics))
+    key_schema = null_safe_keys(pschema.empty_table(), by).select(by + [NULLS]).schema
+    key_schema = pa.schema([f.with_nullable(False) for f in key_schema])
+    val_schema = pa.schema([f for f in pschema if f.name not in by])
+    out = pa.schema(list(out_schema) + [pa.field(TIME, pa.int64()),
+                                        pa.field(DIFF, pa.int64())])
+    return ViewSpec(by=by, aggs=aggs, state=state, source_schema=source, out_schema=out,
+                    key_schema=key_schema, val_schema=val_schema, root=root, cfg=cfg,
+                    metrics=metrics)
 
 
 def _partials(spec: ViewSpec):
@@ -90,55 +132,153 @@ def _partials(spec: ViewSpec):
                     spec.source_schema.append(pa.field(TIME, pa.int64())), None)
 
 
+def delta_schema(spec: ViewSpec) -> pa.Schema:
+    """The partials a step's join tasks send to its view tasks: group columns, time, the
+    state's partials."""
+    return pa.schema([spec.source_schema.field(b) for b in spec.by]
+                     + [pa.field(TIME, pa.int64())] + list(spec.val_schema))
+
+
+VIEW_REPORT = REPORT.append(pa.field("changes", pa.binary()))
+"""A view task's report: its directory, and its finished changes when few."""
+
+_FUSED_REPORT = [("__report_partition", pa.int64()), ("__report_dir", pa.string()),
+                 ("__report_updates", pa.int64())]
+_TARGET = pa.field("__report_target", pa.string())
+
+
+def fused_schema(spec: ViewSpec) -> pa.Schema:
+    """A fused writing task's output: the view's partials, then its own report (the
+    other columns null)."""
+    return pa.schema([f.with_nullable(True) for f in delta_schema(spec)]
+                     + [pa.field(n, t) for n, t in _FUSED_REPORT])
+
+
+def fused_report_schema() -> pa.Schema:
+    return VIEW_REPORT.append(_TARGET)
+
+
 # -- tasks ----------------------------------------------------------------------------
 
-def join_deltas(batches, spec: ViewSpec):
-    """Step 1 in join partition i: the join's changes in the step, partially
-    aggregated per (group, time)."""
+def _join_partials(engine, spec: ViewSpec, pid: int, task: _Task):
+    """The join's changes in the step for partition ``pid``, partially aggregated per
+    (group, time)."""
     import arrangedb as adb
 
+    left = load_partition(engine, spec.left, pid)
+    right = load_partition(engine, spec.right, pid)
+    changes = adb.join(left, right, since=spec.step_since, upto=spec.step_upto)
+    names = spec.source_schema.names + [TIME, DIFF]
+    renamed = pa.RecordBatchReader.from_batches(
+        pa.schema([f.with_name(n) for f, n in zip(changes.schema, names)]),
+        (pa.RecordBatch.from_arrays(b.columns, names=names) for b in changes))
+    target = delta_schema(spec)
+    for out in adb.group_by(renamed, spec.by + [TIME], spec.state, weight=DIFF,
+                            engine=engine, phase="partial"):
+        task.rows_out += out.num_rows
+        yield pa.RecordBatch.from_arrays(
+            [out.column(f.name).cast(f.type) for f in target], schema=target)
+
+
+def join_deltas(batches, spec: ViewSpec):
+    """Step 1 in join partition i."""
     pid, _ = _task_ids()
     task = _Task(spec.cfg, spec.metrics)
     for _ in batches:
         pass
     with task.engine() as engine:
-        left = load_partition(engine, spec.join.left, pid)
-        right = load_partition(engine, spec.join.right, pid)
-        changes = adb.join(left, right, since=spec.join.since, upto=spec.join.upto)
-        names = spec.join.out_schema.names + [TIME, DIFF]
-        renamed = pa.RecordBatchReader.from_batches(
-            pa.schema([f.with_name(n) for f, n in zip(changes.schema, names)]),
-            (pa.RecordBatch.from_arrays(b.columns, names=names) for b in changes))
-        target = delta_schema(spec)
-        for out in adb.group_by(renamed, spec.by + [TIME], spec.state, weight=DIFF,
-                                engine=engine, phase="partial"):
-            task.rows_out += out.num_rows
-            yield pa.RecordBatch.from_arrays(
-                [out.column(f.name).cast(f.type) for f in target], schema=target)
+        yield from _join_partials(engine, spec, pid, task)
         task.report(engine)
 
 
 def apply_deltas(batches, spec: ViewSpec):
-    """Step 2 in view partition q: the changed groups' states retracted and replaced,
-    time by time, saved as the task attempt's directory of the view's next commit."""
+    """Step 2 in view partition q."""
     pid, attempt = _task_ids()
     task = _Task(spec.cfg, spec.metrics)
-    partials = _partials(spec)
-    incoming = [rb for rb in batches if rb.num_rows]
     with task.engine() as engine:
-        if incoming:
-            deltas = partials.of_partials(pa.Table.from_batches(incoming))
-            updates = _state_updates(engine, spec, pid, deltas)
-        else:
-            updates = pa.schema(list(spec.key_schema) + list(spec.val_schema)
-                                + [pa.field(TIME, pa.int64()),
-                                   pa.field(DIFF, pa.int64())]).empty_table()
-        trace = engine.arrange(updates, key=spec.key_schema.names, vals=spec.val_schema.names,
-                               time=TIME, diff=DIFF)
-        out = _save(trace, WriteSpec(spec.root, [], [], pa.schema([]), spec.version, None,
-                                     None, spec.cfg, spec.metrics), pid, attempt)
+        out = _apply(engine, spec, pid, attempt, [rb for rb in batches if rb.num_rows])
         task.report(engine)
     yield out
+
+
+def fused_write(batches, write: WriteSpec, spec: ViewSpec, side: str):
+    """A dataset's writing task that also runs step 1 of a view over it: the partition's
+    new directory is the new commit of input ``side``."""
+    pid, attempt = _task_ids()
+    task = _Task(spec.cfg, spec.metrics)
+    schema = fused_schema(spec)
+    with task.engine() as engine:
+        report = _save(written_trace(engine, batches, write, pid, task), write, pid, attempt)
+        fresh = [[] for _ in range(len(getattr(spec, side).parts))]
+        if report.column("dir")[0].as_py():
+            fresh[pid] = [report.column("dir")[0].as_py()]
+        layout = replace(getattr(spec, side), fresh=((write.time, fresh),))
+        step = replace(spec, **{side: layout})
+        for rb in _join_partials(engine, step, pid, task):
+            yield pa.RecordBatch.from_arrays(
+                list(rb.columns) + [pa.nulls(rb.num_rows, t) for _, t in _FUSED_REPORT],
+                schema=schema)
+        yield pa.RecordBatch.from_arrays(
+            [pa.nulls(1, f.type) for f in delta_schema(spec)] + report.columns, schema=schema)
+        task.report(engine)
+
+
+def fused_apply(batches, spec: ViewSpec):
+    """Step 2 of a fused write in view partition q; the writing tasks' reports pass
+    through."""
+    pid, attempt = _task_ids()
+    task = _Task(spec.cfg, spec.metrics)
+    partials, reports = [], []
+    names = delta_schema(spec).names
+    for rb in batches:
+        written = rb.column("__report_partition").is_valid()
+        if pc.any(written).as_py():
+            reports.append(rb.filter(written))
+        rest = rb.filter(pc.invert(written))
+        if rest.num_rows:
+            partials.append(pa.RecordBatch.from_arrays(rest.columns[:len(names)],
+                                                       schema=delta_schema(spec)))
+    schema = fused_report_schema()
+    for r in reports:
+        yield pa.RecordBatch.from_arrays(
+            [r.column(n) for n, _ in _FUSED_REPORT] + [pa.nulls(r.num_rows, pa.binary()),
+                                                       pa.array(["dataset"] * r.num_rows)],
+            schema=schema)
+    with task.engine() as engine:
+        out = _apply(engine, spec, pid, attempt, partials)
+        task.report(engine)
+    yield pa.RecordBatch.from_arrays(out.columns + [pa.array(["view"])], schema=schema)
+
+
+def _apply(engine, spec: ViewSpec, pid: int, attempt: int, incoming) -> pa.RecordBatch:
+    """The changed groups' states retracted and replaced, time by time, saved as the
+    task attempt's directory of the view's next commit; reported with the finished
+    changes when few."""
+    if incoming:
+        deltas = _partials(spec).of_partials(pa.Table.from_batches(incoming))
+        updates = _state_updates(engine, spec, pid, deltas)
+    else:
+        updates = _updates_schema(spec).empty_table()
+    trace = engine.arrange(updates, key=spec.key_schema.names, vals=spec.val_schema.names,
+                           time=TIME, diff=DIFF)
+    changes = None
+    if trace.stats()["updates"] <= INLINE_ROWS:
+        finished = list(_finished(trace.changes(0), spec))
+        table = (pa.Table.from_batches(finished, schema=spec.out_schema) if finished
+                 else spec.out_schema.empty_table())
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, spec.out_schema) as w:
+            w.write_table(table)
+        changes = sink.getvalue().to_pybytes()
+    report = _save(trace, WriteSpec(spec.root, [], [], pa.schema([]), spec.version, None,
+                                    None, spec.cfg, spec.metrics), pid, attempt)
+    return pa.RecordBatch.from_arrays(report.columns + [pa.array([changes], pa.binary())],
+                                      schema=VIEW_REPORT)
+
+
+def _updates_schema(spec: ViewSpec) -> pa.Schema:
+    return pa.schema(list(spec.key_schema) + list(spec.val_schema)
+                     + [pa.field(TIME, pa.int64()), pa.field(DIFF, pa.int64())])
 
 
 def _state_updates(engine, spec: ViewSpec, pid: int, deltas: pa.Table) -> pa.Table:
@@ -183,12 +323,8 @@ def _state_updates(engine, spec: ViewSpec, pid: int, deltas: pa.Table) -> pa.Tab
             pieces.append(pa.table(
                 list(key_cols.take(idx).columns) + [pa.array(state[v][rows]) for v in vals]
                 + [pa.array(time[rows]), pa.array(np.full(rows.size, diff, np.int64))],
-                schema=pa.schema(list(spec.key_schema) + list(spec.val_schema)
-                                 + [pa.field(TIME, pa.int64()), pa.field(DIFF, pa.int64())])))
-    if not pieces:
-        return pa.schema(list(spec.key_schema) + list(spec.val_schema)
-                         + [pa.field(TIME, pa.int64()), pa.field(DIFF, pa.int64())]).empty_table()
-    return pa.concat_tables(pieces)
+                schema=_updates_schema(spec)))
+    return pa.concat_tables(pieces) if pieces else _updates_schema(spec).empty_table()
 
 
 def _dtype(t: pa.DataType):
@@ -198,27 +334,31 @@ def _dtype(t: pa.DataType):
 def view_changes(batches, spec: ViewSpec):
     """The output's changes in [since, upto) from view partition q: its updates there,
     finished into aggregates."""
-    from arrangedb.ops.partials import Partials, partial_names
-
     pid, _ = _task_ids()
     task = _Task(spec.cfg, spec.metrics)
     for _ in batches:
         pass
-    finisher = Partials(spec.by, spec.state, partial_names(spec.state), spec.source_schema,
-                        None)
     with task.engine() as engine:
         view = load_partition(engine, spec.view, pid)
-        for rb in view.changes(spec.since, spec.upto):
-            if rb.num_rows == 0:
-                continue
-            rb = restore_null_keys(pa.RecordBatch.from_arrays(
-                rb.columns, names=spec.key_schema.names + spec.val_schema.names
-                + [TIME, DIFF]), spec.by)
-            done = finisher.finish(pa.Table.from_batches([rb]))
-            out = _outputs(done, spec, rb)
+        for out in _finished(view.changes(spec.since, spec.upto), spec):
             task.rows_out += out.num_rows
             yield out
         task.report(engine)
+
+
+def _finished(changes: pa.RecordBatchReader, spec: ViewSpec):
+    """A view's updates (state rows with time and diff) as output rows."""
+    from arrangedb.ops.partials import Partials, partial_names
+
+    finisher = Partials(spec.by, spec.state, partial_names(spec.state), spec.source_schema,
+                        None)
+    for rb in changes:
+        if rb.num_rows == 0:
+            continue
+        rb = restore_null_keys(pa.RecordBatch.from_arrays(
+            rb.columns, names=spec.key_schema.names + spec.val_schema.names
+            + [TIME, DIFF]), spec.by)
+        yield _outputs(finisher.finish(pa.Table.from_batches([rb])), spec, rb)
 
 
 def _outputs(done: pa.RecordBatch, spec: ViewSpec, rb: pa.RecordBatch) -> pa.RecordBatch:
@@ -240,11 +380,36 @@ def _outputs(done: pa.RecordBatch, spec: ViewSpec, rb: pa.RecordBatch) -> pa.Rec
 
 # -- the driver -----------------------------------------------------------------------
 
-def view_path(left, right, jspec, by, aggs) -> str:
-    ident = json.dumps({"left": left.path, "right": right.path, "on": jspec.keys,
+DEPENDENTS = "_dependents"
+
+
+def view_path(left, right, on, by, aggs) -> str:
+    ident = json.dumps({"left": left.path, "right": right.path, "on": list(on),
                         "by": by, "aggs": {k: list(v) for k, v in sorted(aggs.items())}},
                        sort_keys=True)
     return os.path.join(left.path, "_views", hashlib.sha1(ident.encode()).hexdigest()[:16])
+
+
+def dependent_views(path: str) -> list[str]:
+    """The views registered over the dataset at ``path``."""
+    folder = os.path.join(path, DEPENDENTS)
+    out = []
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        with open(os.path.join(folder, name)) as f:
+            view = f.read().strip()
+        if os.path.exists(os.path.join(view, dataset.MANIFEST)):
+            out.append(view)
+    return out
+
+
+def _register(path: str, inputs) -> None:
+    """Name the view in each input's ``_dependents`` (one small file each, written before
+    the view's first commit: an input's writer may find a view with no state yet)."""
+    for ds in inputs:
+        folder = os.path.join(ds.path, DEPENDENTS)
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, os.path.basename(path)), "w") as f:
+            f.write(path)
 
 
 def reduce_changes(spark, left, right, jspec, by, aggs, out_schema, since, upto, cfg,
@@ -257,87 +422,168 @@ def reduce_changes(spark, left, right, jspec, by, aggs, out_schema, since, upto,
     their times, or at ``v + 1`` if earlier (a commit to one input at a time the view
     has passed lands at the view's next time; its history is not rewritten)."""
     from arrangedb.spark_integration.frames import on_workers, spark_schema
-    from arrangedb.spark_integration.partition import partial_schema, ReduceSpec
 
     if upto is not None and upto <= since:
         raise ValueError(f"upto={upto} must be greater than since={since}")
-    source = jspec.out_schema
-    state = state_aggs(aggs, source, "snapshot_reduce")
-    pschema = partial_schema(ReduceSpec(by=by, aggs=state, source_schema=source,
-                                        out_schema=out_schema, cfg=cfg, metrics=metrics))
-    key_schema = null_safe_keys(pschema.empty_table(), by).select(by + [NULLS]).schema
-    key_schema = pa.schema([f.with_nullable(False) for f in key_schema])
-    val_schema = pa.schema([f for f in pschema if f.name not in by])
-    out = pa.schema(list(out_schema) + [pa.field(TIME, pa.int64()),
-                                        pa.field(DIFF, pa.int64())])
-    path = view_path(left, right, jspec, by, aggs)
-    n = left.num_partitions
+    state_aggs(aggs, jspec.out_schema, "snapshot_reduce")   # refused before any write
+    path = view_path(left, right, jspec.keys, by, aggs)
+    defn = definition(left, right, jspec.keys, by, aggs, jspec.out_schema, out_schema)
+    spec = view_spec(defn, path, cfg, metrics)
     if not os.path.exists(os.path.join(path, dataset.MANIFEST)):
         os.makedirs(path, exist_ok=True)
         dataset.write_manifest(path, dataset.new_manifest(
-            key_schema.names, val_schema.names, n,
-            pa.schema(list(key_schema) + list(val_schema)), True,
-            inputs={"left": 0, "right": 0},
-            definition={"left": left.path, "right": right.path, "on": jspec.keys,
-                        "by": by, "aggs": {k: list(v) for k, v in aggs.items()}}))
-    spec = ViewSpec(by=by, aggs=aggs, state=state, source_schema=source, out_schema=out,
-                    key_schema=key_schema, val_schema=val_schema, cfg=cfg, metrics=metrics,
-                    root=path)
+            spec.key_schema.names, spec.val_schema.names, left.num_partitions,
+            pa.schema(list(spec.key_schema) + list(spec.val_schema)), True,
+            inputs={"left": 0, "right": 0}, definition=defn))
+        _register(path, (left, right))
+    n = left.num_partitions
     with dataset.writer(path) as m:
-        m = _step(spark, spec, m, left, right, jspec, n)
+        m = _step(spark, spec, m, left, right, n)
         v = dataset.latest_time(m)
         upto = v + 1 if upto is None else upto
         if since > v:
             raise ValueError(f"since={since} is after the view's latest time {v}")
+        inline = _inline(m, since, upto)
+        if inline is not None:   # a day's few changes: from the manifest, no job
+            return spark.createDataFrame(inline)
         spec.since, spec.upto = since, upto
         spec.view = _view_layout(path, m, min(upto - 1, v), spec)
     return spark.range(0, n, 1, n).mapInArrow(on_workers("maintained", "view_changes", spec),
-                                              spark_schema(out))
+                                              spark_schema(spec.out_schema))
 
 
-def _step(spark, spec: ViewSpec, m: dict, left, right, jspec, n: int) -> dict:
-    """Fold the inputs' unseen commits into the view; returns its new manifest."""
-    from arrangedb.spark_integration.frames import on_workers, spark_schema
+def _inline(m: dict, since: int, upto: int) -> pa.Table | None:
+    """The changes in [since, upto) from the commits' kept changes, if every commit with
+    times there kept them and lies inside."""
+    tables = []
+    for c in m["commits"]:
+        if c["upper"] <= since or c["lower"] >= upto:
+            continue
+        if "changes" not in c or c["lower"] < since or c["upper"] > upto:
+            return None
+        tables.append(pa.ipc.open_stream(base64.b64decode(c["changes"])).read_all())
+    return pa.concat_tables(tables) if tables else None
 
+
+def _kept_changes(reports) -> str | None:
+    """The view tasks' finished changes, for the manifest, when every task kept them."""
+    blobs = [r["changes"] for r in reports]
+    if any(b is None for b in blobs):
+        return None
+    tables = [pa.ipc.open_stream(b).read_all() for b in blobs]
+    table = pa.concat_tables(tables)
+    if table.num_rows > INLINE_ROWS:
+        return None
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return base64.b64encode(sink.getvalue().to_pybytes()).decode()
+
+
+def _sides(spec: ViewSpec, m: dict, ml: dict, mr: dict, left, right):
+    """The step's inputs and time range, or None when the view has seen everything.
+    A compacted commit the view has not fully seen cannot be split: the view is
+    rebuilt from nothing."""
     v = dataset.latest_time(m)
-    ml, mr = dataset.read_manifest(left.path), dataset.read_manifest(right.path)
     seen = m["inputs"]
     lold, lnew = dataset.split_seen(ml, seen["left"])
     rold, rnew = dataset.split_seen(mr, seen["right"])
     if v is not None and not lnew and not rnew:
-        return m
+        return None
     floor = 0 if v is None else v + 1
     upto = max([floor] + [t for t, _ in lnew + rnew]) + 1
-    sides = [Layout(ds.path, ds.key, ds.vals, ds.schema, old, upto - 1, tuple(new), floor)
-             for ds, old, new in ((left, lold, lnew), (right, rold, rnew))]
-    spec.version = m["version"] + 1
-    spec.join = _replace(jspec, left=sides[0], right=sides[1], since=floor, upto=upto)
-    spec.view = None if v is None else _view_layout(spec.root, m, v, spec)
-    reports = (spark.range(0, n, 1, n)
-               .mapInArrow(on_workers("maintained", "join_deltas", spec),
-                           spark_schema(delta_schema(spec)))
-               .repartition(n, *spec.by)
-               .mapInArrow(on_workers("maintained", "apply_deltas", spec),
-                           spark_schema(REPORT))
-               .collect())
-    return dataset.commit(spec.root, m, [r.asDict() for r in reports],
-                          sorted({floor, upto - 1}),
+    return floor, upto, [Layout(ds.path, ds.key, ds.vals, ds.schema, old, upto - 1,
+                                tuple(new), floor)
+                         for ds, old, new in ((left, lold, lnew), (right, rold, rnew))]
+
+
+def _rebuild_if_compacted(spec: ViewSpec, m: dict, ml: dict, mr: dict) -> dict:
+    seen = m["inputs"]
+    if any(c.get("compacted_from", c["version"]) <= s < c["version"]
+           for mm, s in ((ml, seen["left"]), (mr, seen["right"])) for c in mm["commits"]):
+        m = dict(m, commits=[], inputs={"left": 0, "right": 0}, batch_ids={})
+        dataset.write_manifest(spec.root, m)
+        for part in os.listdir(spec.root):
+            if part.startswith("part-"):
+                shutil.rmtree(os.path.join(spec.root, part), ignore_errors=True)
+    return m
+
+
+def _step(spark, spec: ViewSpec, m: dict, left, right, n: int) -> dict:
+    """Fold the inputs' unseen commits into the view; returns its new manifest."""
+    from arrangedb.spark_integration.frames import on_workers, spark_schema
+
+    ml, mr = dataset.read_manifest(left.path), dataset.read_manifest(right.path)
+    m = _rebuild_if_compacted(spec, m, ml, mr)
+    sides = _sides(spec, m, ml, mr, left, right)
+    if sides is None:
+        return m
+    floor, upto, (lside, rside) = sides
+    v = dataset.latest_time(m)
+    step = replace(spec, left=lside, right=rside, step_since=floor, step_upto=upto,
+                   version=m["version"] + 1,
+                   view=None if v is None else _view_layout(spec.root, m, v, spec))
+    try:
+        reports = (spark.range(0, n, 1, n)
+                   .mapInArrow(on_workers("maintained", "join_deltas", step),
+                               spark_schema(delta_schema(step)))
+                   .repartition(n, *step.by)
+                   .mapInArrow(on_workers("maintained", "apply_deltas", step),
+                               spark_schema(VIEW_REPORT))
+                   .collect())
+    except BaseException:
+        dataset.remove_attempts(spec.root, step.version, keep=())
+        raise
+    reports = [r.asDict() for r in reports]
+    return dataset.commit(spec.root, m, reports, sorted({floor, upto - 1}),
+                          entry={"changes": _kept_changes(reports)},
                           inputs={"left": dataset.through(ml), "right": dataset.through(mr)})
 
 
-def delta_schema(spec: ViewSpec) -> pa.Schema:
-    """The partials step 1 sends to step 2: group columns, time, the state's partials."""
-    return pa.schema([spec.source_schema.field(b) for b in spec.by]
-                     + [pa.field(TIME, pa.int64())] + list(spec.val_schema))
+def fusable(ds, m: dict, path: str, vm: dict, time: int, cfg, metrics):
+    """For a write at ``time`` into ``ds`` (manifest ``m``): whether the view at ``path``
+    (manifest ``vm``, its writer role held) has seen every commit of both inputs; if so,
+    the spec of its step and which side ``ds`` is, else None."""
+    from arrangedb.spark_integration.arranged import ArrangedDataset
+
+    defn = vm.get("definition")
+    if defn is None or dataset.latest_time(vm) is None:
+        return None
+    side = "left" if defn["left"] == ds.path else "right"
+    other_path = defn["right"] if side == "left" else defn["left"]
+    if other_path == ds.path:
+        return None   # a self-join: its step needs both sides' new commits
+    other = ArrangedDataset.open(other_path)
+    other_m = dataset.read_manifest(other_path)
+    inputs = {side: (ds, m), ("right" if side == "left" else "left"): (other, other_m)}
+    if vm["inputs"] != {k: dataset.through(mm) for k, (_, mm) in inputs.items()}:
+        return None   # behind: its next read steps it
+    v = dataset.latest_time(vm)
+    floor, upto = v + 1, max(v + 1, time) + 1
+    layouts = {k: Layout(d.path, d.key, d.vals, d.schema,
+                         dataset.split_seen(mm, dataset.through(mm))[0], upto - 1, (), floor)
+               for k, (d, mm) in inputs.items()}
+    spec = view_spec(defn, path, cfg, metrics)
+    spec = replace(spec, left=layouts["left"], right=layouts["right"], step_since=floor,
+                   step_upto=upto, version=vm["version"] + 1,
+                   view=_view_layout(path, vm, v, spec))
+    return spec, side
+
+
+def commit_fused(ds_path: str, m: dict, path: str, vm: dict, spec: ViewSpec, side: str,
+                 rows, times, batch_id) -> dict:
+    """Commit the dataset's write, then the view's step (its inputs: the new version of
+    the written side, the other as it was)."""
+    written = [r for r in rows if r["target"] == "dataset"]
+    stepped = [r for r in rows if r["target"] == "view"]
+    new_m = dataset.commit(ds_path, m, written, times, batch_id=batch_id)
+    inputs = dict(vm["inputs"], **{side: dataset.through(new_m)})
+    dataset.commit(path, vm, stepped, sorted({spec.step_since, spec.step_upto - 1}),
+                   entry={"changes": _kept_changes(stepped)}, inputs=inputs)
+    return new_m
 
 
 def _view_layout(path: str, m: dict, at: int, spec: ViewSpec) -> Layout:
     return Layout(path, spec.key_schema.names, spec.val_schema.names,
                   pa.schema(list(spec.key_schema) + list(spec.val_schema)),
                   dataset.parts_at(m, at), at)
-
-
-def _replace(jspec, **changes):
-    from dataclasses import replace
-
-    return replace(jspec, **changes)

@@ -194,6 +194,39 @@ def test_a_commit_behind_the_view_lands_at_its_next_time(spark, tmp_path):
     assert +state == want
 
 
+def test_an_insert_steps_an_up_to_date_view_in_its_own_job(spark, tmp_path):
+    """Once a view exists, an insert into either input brings it up to date in the
+    insert's job; a day's few changes are then read from the view's manifest."""
+    from arrangedb.spark_integration.dataset import latest_time, read_manifest
+
+    orders = spark.createDataFrame([(k % 9, float(k)) for k in range(90)], "cid long, x double")
+    customers = spark.createDataFrame([(k, f"r{k % 4}") for k in range(9)],
+                                      "cid long, region string")
+    o = arrange_df(orders, "cid", path=tmp_path / "o", num_partitions=3)
+    c = arrange_df(customers, "cid", path=tmp_path / "c", num_partitions=3, unique=True)
+    aggs = {"n": ("count", None), "x": ("sum", "x"), "m": ("mean", "x")}
+    joined = snapshot_join(o, c, "cid")
+    snapshot_reduce(joined, "region", aggs, since=0).collect()      # creates the view
+    view = os.path.join(o.path, "_views", os.listdir(os.path.join(o.path, "_views"))[0])
+    t = o.insert(spark.createDataFrame([(2, 5.0), (3, -1.0)], "cid long, x double"))
+    vm = read_manifest(view)
+    assert latest_time(vm) == t and "changes" in vm["commits"][-1]
+    got = snapshot_reduce(joined, "region", aggs, since=t, upto=t + 1)
+    assert "LocalRelation" in got._jdf.queryExecution().logical().toString()
+    before = snapshot_reduce(joined, "region", aggs, at=t - 1)
+    after = snapshot_reduce(joined, "region", aggs, at=t)
+    b, a = rows(before), rows(after)
+    assert rows(got) == Counter({(*r, t, -1): 1 for r in b - a}) + \
+        Counter({(*r, t, 1): 1 for r in a - b})
+    # customers' own next time is 1, which the view has passed: it lands at t + 1
+    assert c.upsert(spark.createDataFrame([(2, "r0")], "cid long, region string")) == 1
+    assert latest_time(read_manifest(view)) == t + 1
+    b, a = a, rows(snapshot_reduce(joined, "region", aggs))
+    assert rows(snapshot_reduce(joined, "region", aggs, since=t + 1)) == \
+        Counter({(*r, t + 1, -1): 1 for r in b - a}) + \
+        Counter({(*r, t + 1, 1): 1 for r in a - b})
+
+
 def test_changes_refuse_what_they_cannot_keep(living, spark):
     h, o, c, _ = living
     joined = snapshot_join(o, c, "cid")
