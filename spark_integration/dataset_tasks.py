@@ -30,31 +30,18 @@ def _task_ids() -> tuple[int, int]:
 
 
 def load_partition(engine, layout: Layout, pid: int):
-    """Partition ``pid`` of a dataset at ``layout.at``: its first directory mapped in
-    place, the updates of later commits (small: one time each) inserted into it; then
-    those of ``layout.fresh``, at ``layout.floor`` or later."""
-    dirs = layout.parts[pid]
+    """Partition ``pid`` of a dataset at ``layout.at``: its directories mapped in place
+    as one trace; then the updates of ``layout.fresh`` (a view's step), at
+    ``layout.floor`` or later."""
+    dirs = [os.path.join(layout.root, d) for d in layout.parts[pid]]
+    fresh = [_at_least(engine.load(os.path.join(layout.root, d)).changes(0), layout.floor)
+             for _time, parts in layout.fresh for d in parts[pid]]
     if not dirs:
         trace = engine.arrange(layout.schema.empty_table(), key=layout.key, vals=layout.vals)
-    else:
-        trace = engine.load(os.path.join(layout.root, dirs[0]))
-    for d in dirs[1:]:
-        _insert_saved(engine, trace, os.path.join(layout.root, d), None)
-    for _time, parts in layout.fresh:
-        for d in parts[pid]:
-            _insert_saved(engine, trace, os.path.join(layout.root, d), layout.floor)
-    return trace
-
-
-def _insert_saved(engine, trace, path: str, floor: int | None) -> None:
-    delta = engine.load(path)
-    try:
-        changes = delta.changes(0)
-        if floor is not None:
-            changes = _at_least(changes, floor)
-        trace.insert(changes)
-    finally:
-        delta.close()
+        for f in fresh:
+            trace.insert(f)
+        return trace
+    return engine.load_all(dirs, then=fresh)
 
 
 def _at_least(reader: pa.RecordBatchReader, floor: int) -> pa.RecordBatchReader:
