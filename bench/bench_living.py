@@ -130,6 +130,14 @@ def _spark_query(spark, orders, customers) -> dict:
         F.sum("diff").alias("orders"), F.sum(F.col("amount") * F.col("diff")).alias("amount")))
 
 
+def _spark_plain_query(orders, customers) -> dict:
+    """The query as a user writes it over tables of rows (every diff is 1 at time 0)."""
+    from pyspark.sql import functions as F
+
+    return _per_region(orders.join(customers, "customer_id").groupBy("region").agg(
+        F.count("*").alias("orders"), F.sum("amount").alias("amount")))
+
+
 def _close(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(
         a[k][0] == b[k][0] and math.isclose(a[k][1], b[k][1], rel_tol=1e-9) for k in a)
@@ -150,8 +158,8 @@ def test_reuse_against_bucketed_tables(benchmark, env):
     spark, o, c = env["spark"], env["o"], env["c"]
     ours, ours_s = _timed(lambda: _per_region(snapshot_reduce(
         snapshot_join(o, c, "customer_id", at=0), "region", AGGS)))
-    theirs, theirs_s = _timed(lambda: _spark_query(
-        spark, spark.table("orders_b"), spark.table("customers_b")))
+    theirs, theirs_s = _timed(lambda: _spark_plain_query(
+        spark.table("orders_b"), spark.table("customers_b")))
     benchmark.pedantic(lambda: None, rounds=1, iterations=1)
     RESULTS["query over arranged"], RESULTS["query over bucketed"] = ours_s, theirs_s
     benchmark.extra_info.update(ours_s=ours_s, bucketed_s=theirs_s, ratio=theirs_s / ours_s)

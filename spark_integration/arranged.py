@@ -202,7 +202,8 @@ class ArrangedDataset:
                             .mapInArrow(on_workers("maintained", "fused_write", spec, view,
                                                    side),
                                         spark_schema(maintained.fused_schema(view)))
-                            .repartition(n, *view.by)
+                            .repartition(maintained.view_tasks(view, n),
+                                         maintained.ROUTE)
                             .mapInArrow(on_workers("maintained", "fused_apply", view),
                                         spark_schema(maintained.fused_report_schema()))
                             .collect())

@@ -132,11 +132,23 @@ def _partials(spec: ViewSpec):
                     spec.source_schema.append(pa.field(TIME, pa.int64())), None)
 
 
+ROUTE = "__arrangedb_view_partition"
+
+
 def delta_schema(spec: ViewSpec) -> pa.Schema:
     """The partials a step's join tasks send to its view tasks: group columns, time, the
-    state's partials."""
+    state's partials, and the view partition of the group (Spark's hash of the group
+    columns, :mod:`.hashing`: computed in the task, so one view task can take several
+    view partitions)."""
     return pa.schema([spec.source_schema.field(b) for b in spec.by]
-                     + [pa.field(TIME, pa.int64())] + list(spec.val_schema))
+                     + [pa.field(TIME, pa.int64())] + list(spec.val_schema)
+                     + [pa.field(ROUTE, pa.int32())])
+
+
+def view_tasks(spec: ViewSpec, n: int) -> int:
+    """How many tasks apply a step: one wave of the executors' slots (a step's partials
+    are small), at most one per view partition."""
+    return max(1, min(n, spec.cfg.slots if spec.cfg is not None else n))
 
 
 VIEW_REPORT = REPORT.append(pa.field("changes", pa.binary()))
@@ -172,12 +184,16 @@ def _join_partials(engine, spec: ViewSpec, pid: int, task: _Task):
     renamed = pa.RecordBatchReader.from_batches(
         pa.schema([f.with_name(n) for f, n in zip(changes.schema, names)]),
         (pa.RecordBatch.from_arrays(b.columns, names=names) for b in changes))
+    from arrangedb.spark_integration.hashing import partition_ids
+
     target = delta_schema(spec)
+    n = len(spec.left.parts)
     for out in adb.group_by(renamed, spec.by + [TIME], spec.state, weight=DIFF,
                             engine=engine, phase="partial"):
         task.rows_out += out.num_rows
         yield pa.RecordBatch.from_arrays(
-            [out.column(f.name).cast(f.type) for f in target], schema=target)
+            [out.column(f.name).cast(f.type) for f in list(target)[:-1]]
+            + [pa.array(partition_ids(out, spec.by, n), pa.int32())], schema=target)
 
 
 def join_deltas(batches, spec: ViewSpec):
@@ -192,13 +208,27 @@ def join_deltas(batches, spec: ViewSpec):
 
 
 def apply_deltas(batches, spec: ViewSpec):
-    """Step 2 in view partition q."""
-    pid, attempt = _task_ids()
+    """Step 2: each view partition the task's partials belong to."""
+    _, attempt = _task_ids()
     task = _Task(spec.cfg, spec.metrics)
+    incoming = [rb for rb in batches if rb.num_rows]
     with task.engine() as engine:
-        out = _apply(engine, spec, pid, attempt, [rb for rb in batches if rb.num_rows])
+        reports = [_apply(engine, spec, q, attempt, rows) for q, rows in _by_view_partition(
+            incoming, spec)]
         task.report(engine)
-    yield out
+    yield from reports
+
+
+def _by_view_partition(batches, spec: ViewSpec):
+    """(view partition, its partials without the routing column), for each partition
+    the batches hold."""
+    if not batches:
+        return
+    table = pa.Table.from_batches(batches)
+    q = table.column(ROUTE).to_numpy(zero_copy_only=False)
+    rows = table.drop_columns([ROUTE])
+    for part in np.unique(q):
+        yield int(part), rows.filter(pa.array(q == part)).to_batches()
 
 
 def fused_write(batches, write: WriteSpec, spec: ViewSpec, side: str):
@@ -224,9 +254,8 @@ def fused_write(batches, write: WriteSpec, spec: ViewSpec, side: str):
 
 
 def fused_apply(batches, spec: ViewSpec):
-    """Step 2 of a fused write in view partition q; the writing tasks' reports pass
-    through."""
-    pid, attempt = _task_ids()
+    """Step 2 of a fused write; the writing tasks' reports pass through."""
+    _, attempt = _task_ids()
     task = _Task(spec.cfg, spec.metrics)
     partials, reports = [], []
     names = delta_schema(spec).names
@@ -245,9 +274,11 @@ def fused_apply(batches, spec: ViewSpec):
                                                        pa.array(["dataset"] * r.num_rows)],
             schema=schema)
     with task.engine() as engine:
-        out = _apply(engine, spec, pid, attempt, partials)
+        outs = [_apply(engine, spec, q, attempt, rows)
+                for q, rows in _by_view_partition(partials, spec)]
         task.report(engine)
-    yield pa.RecordBatch.from_arrays(out.columns + [pa.array(["view"])], schema=schema)
+    for out in outs:
+        yield pa.RecordBatch.from_arrays(out.columns + [pa.array(["view"])], schema=schema)
 
 
 def _apply(engine, spec: ViewSpec, pid: int, attempt: int, incoming) -> pa.RecordBatch:
@@ -527,7 +558,7 @@ def _step(spark, spec: ViewSpec, m: dict, left, right, n: int) -> dict:
         reports = (spark.range(0, n, 1, n)
                    .mapInArrow(on_workers("maintained", "join_deltas", step),
                                spark_schema(delta_schema(step)))
-                   .repartition(n, *step.by)
+                   .repartition(view_tasks(step, n), ROUTE)
                    .mapInArrow(on_workers("maintained", "apply_deltas", step),
                                spark_schema(VIEW_REPORT))
                    .collect())

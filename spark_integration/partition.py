@@ -151,6 +151,21 @@ def join_partition(batches, spec: JoinSpec, then: "ReduceSpec | None" = None):
             for out in _joined(batches, spec, task, engine, pid):
                 task.rows_out += out.num_rows
                 yield out
+        elif spec.left is not None and spec.right is not None and _pushable(then):
+            # both sides arranged: aggregate below the join (per key), never
+            # materialising the joined rows, and emit the result as partials
+            from arrangedb.spark_integration.dataset_tasks import load_partition
+
+            for _ in batches:
+                pass
+            left = load_partition(engine, spec.left, pid)
+            right = load_partition(engine, spec.right, pid)
+            for out in _as_partials(adb.join_group_by(
+                    left, right, then.by, _partial_aggs(then), at=_read_time(spec.left,
+                                                                             spec.right),
+                    how=spec.how, engine=engine), then):
+                task.rows_out += out.num_rows
+                yield out
         else:
             # string group columns travel from the join to group_by as dictionary codes
             # (grouped by bincount); the partials leave the task as plain strings
@@ -164,6 +179,34 @@ def join_partition(batches, spec: JoinSpec, then: "ReduceSpec | None" = None):
                 task.rows_out += out.num_rows
                 yield out
         task.report(engine)
+
+
+def _pushable(then: "ReduceSpec") -> bool:
+    """Whether the partials are sums and counts of non-decimal columns (those a join's
+    grouped aggregation gives as they are)."""
+    return all(fn in ("count", "sum", "mean") and
+               (col is None or not pa.types.is_decimal(then.source_schema.field(col).type))
+               for fn, col in then.aggs.values())
+
+
+def _partial_aggs(then: "ReduceSpec") -> dict:
+    """Each partial column as an aggregate of its own: n a count, s a sum, v the count
+    of values a sum saw."""
+    from arrangedb.ops.partials import partial_names
+
+    out = {}
+    for name, parts in partial_names(then.aggs).items():
+        fn, col = then.aggs[name]
+        for pname, kind in parts:
+            out[pname] = ("sum", col) if kind == "s" else ("count", col)
+    return out
+
+
+def _as_partials(stream, then: "ReduceSpec"):
+    schema = partial_schema(then)
+    for rb in stream:
+        yield pa.RecordBatch.from_arrays([rb.column(f.name).cast(f.type) for f in schema],
+                                         schema=schema)
 
 
 def _is_string(t: pa.DataType) -> bool:

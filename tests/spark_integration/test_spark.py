@@ -110,6 +110,14 @@ def test_arranged_datasets_are_reused(spark, tmp_path):
     want = rows(left.join(right.select("k", "b"), "k"))
     assert rows(snapshot_join(dl, dr, "k")) == want          # both arranged: no shuffle
     assert rows(snapshot_join(left, dr, "k")) == want        # one side arranged
+    # both sides arranged: the aggregation runs below the join, per key
+    for how in ("inner", "left"):
+        got = snapshot_reduce(snapshot_join(dl, dr, "k", how=how), "b",
+                              {"n": ("count", None), "na": ("count", "a"), "sa": ("sum", "a"),
+                               "mx": ("mean", "x")})
+        want = left.join(right.select("k", "b"), "k", how).groupBy("b").agg(
+            F.count("*"), F.count("a"), F.sum("a"), F.avg("x"))
+        assert rows(got) == rows(want), how
     got = snapshot_reduce(dl, "k", {"n": ("count", None), "d": ("count_distinct", "s")})
     assert rows(got) == rows(left.groupBy("k").agg(F.count("*"), F.countDistinct("s")))
     with pytest.raises(FileExistsError):
