@@ -31,8 +31,6 @@ import tempfile
 import time
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from arrangedb.tools import datagen
@@ -52,30 +50,6 @@ def _timed(fn):
     t = time.perf_counter()
     out = fn()
     return out, time.perf_counter() - t
-
-
-def _deltas(files: dict, days: int, root: str) -> list[str]:
-    """Each day's delta as a Parquet file: 0.8% new orders, 0.2% changed amounts."""
-    n_orders, n_customers = datagen.sizes(SCALE)
-    rng = np.random.default_rng(7)
-    base = pq.ParquetFile(files["orders"])
-    paths = []
-    for day in range(1, days + 1):
-        new = int(n_orders * 0.008)
-        changed = int(n_orders * 0.002)
-        old = base.read_row_group(0, columns=["customer_id", "amount"]).slice(
-            day * changed, changed)   # a different slice each day: each row changes once
-        oc, oa = old.column("customer_id").to_numpy(), old.column("amount").to_numpy()
-        cid = np.concatenate([rng.integers(0, n_customers, new), oc, oc])
-        amount = np.concatenate([rng.integers(100, 100_000, new) / 100, oa,
-                                 rng.integers(100, 100_000, len(oc)) / 100])
-        diff = np.concatenate([np.ones(new, np.int64), -np.ones(len(oc), np.int64),
-                               np.ones(len(oc), np.int64)])
-        p = os.path.join(root, f"delta-{day}.parquet")
-        pq.write_table(pa.table({"customer_id": cid.astype(np.int64), "amount": amount,
-                                 "diff": diff}), p)
-        paths.append(p)
-    return paths
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +85,7 @@ def env():
     RESULTS["arrange_df both sides"] = arrange_s
     RESULTS["bucketed write both sides"] = bucketed_s
     yield dict(spark=spark, files=files, orders=orders, customers=customers, o=o, c=c,
-               parts=parts, deltas=_deltas(files, DAYS, tmp))
+               parts=parts, deltas=datagen.daily_deltas(files, SCALE, DAYS, tmp))
     for name in ("orders_b", "customers_b"):
         spark.sql(f"DROP TABLE IF EXISTS {name}")
     spark.stop()

@@ -85,3 +85,32 @@ def generate(path, scale: float = 1.0, seed: int = 42, progress=None) -> dict:
     with open(meta_path, "w") as f:
         json.dump(meta, f)
     return {**meta, **files}
+
+
+def daily_deltas(files: dict, scale: float, days: int, path, seed: int = 7) -> list[str]:
+    """``days`` Parquet files of 1% of the orders each, as changes (customer_id, amount,
+    diff): 0.8% new orders (diff +1), and 0.2% changed amounts -- an existing order
+    retracted (diff -1) and added back with a new amount (+1); each day changes
+    different orders. Written once per (scale, days, seed) under ``path``."""
+    n_orders, n_customers = sizes(scale)
+    rng = np.random.default_rng(seed)
+    base = pq.ParquetFile(files["orders"])
+    new, changed = int(n_orders * 0.008), int(n_orders * 0.002)
+    out = []
+    os.makedirs(path, exist_ok=True)
+    for day in range(1, days + 1):
+        p = os.path.join(path, f"delta-{scale:g}-{seed}-{day}.parquet")
+        out.append(p)
+        old = base.read_row_group(0, columns=["customer_id", "amount"]).slice(
+            day * changed, changed)
+        oc, oa = old.column("customer_id").to_numpy(), old.column("amount").to_numpy()
+        cid = np.concatenate([rng.integers(0, n_customers, new), oc, oc])
+        amount = np.concatenate([np.round(rng.uniform(1.0, 500_000.0, new), 2), oa,
+                                 np.round(rng.uniform(1.0, 500_000.0, len(oc)), 2)])
+        diff = np.concatenate([np.ones(new, np.int64), -np.ones(len(oc), np.int64),
+                               np.ones(len(oc), np.int64)])
+        if not os.path.exists(p):
+            pq.write_table(pa.table({"customer_id": cid.astype(np.int64), "amount": amount,
+                                     "diff": diff}), p + ".tmp")
+            os.replace(p + ".tmp", p)
+    return out
