@@ -3,6 +3,7 @@
 Knows nothing of keys or times -- only bytes, regions, budgets and directories.
 """
 
+from arrangedb.pager.diskio import disk
 from arrangedb.pager.budget import PROCESS_RSS_ALLOWANCE, RSS_ALLOWANCE, MemoryBudget
 from arrangedb.pager.process_memory import peak_rss, release_freed_memory
 from arrangedb.pager.sizing import GROUP_BY_SHARE
@@ -13,6 +14,7 @@ from arrangedb.pager.sizes import format_size, parse_size
 from arrangedb.pager.spilldir import SpillDirectory, remove_stale
 
 __all__ = [
+    "disk",
     "GROUP_BY_SHARE", "PROCESS_RSS_ALLOWANCE", "RSS_ALLOWANCE", "BudgetExceeded", "CorruptionError",
     "DirectoryLocked", "ManifestError", "MemoryBudget", "PageFile", "PageFileError",
     "PageWriter", "RegionInfo", "SpillDirectory", "SpillError", "format_size", "parse_size",

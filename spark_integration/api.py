@@ -251,7 +251,7 @@ def snapshot_reduce(df, by, aggs: dict, num_partitions: int | None = None, memor
     ``time`` and ``diff`` columns). Over a join, they come from per-group state kept as
     a maintained view under the left dataset (``_views/``), brought up to date from the
     inputs' changes by the call (one job; count, sum and mean), never by recomputing
-    the join (:mod:`.maintained`).
+    the join (:mod:`.views`).
     """
     by = [by] if isinstance(by, str) else list(by)
     spark = _session(df)
@@ -290,7 +290,7 @@ def snapshot_reduce(df, by, aggs: dict, num_partitions: int | None = None, memor
             raise ValueError("snapshot_reduce: at=/since=/upto= read arranged datasets: "
                              "give an arranged dataset or snapshot_join of two of them")
         if since is not None:
-            from arrangedb.spark_integration.maintained import reduce_changes
+            from arrangedb.spark_integration.views import reduce_changes
 
             result = reduce_changes(spark, *sources, fused[1], by, dict(aggs), out_schema,
                                     since, upto, cfg, metrics)

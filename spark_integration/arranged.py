@@ -179,44 +179,12 @@ class ArrangedDataset:
                                  dataset.parts_at(m, latest), latest)
             spec = self._spec(spark, m, mode, t, diff, memory_budget, spill_dir, metrics,
                               current=current)
-            if not self._write_with_a_view(spark, df.select(*sel), spec, m, t, batch_id):
+            from arrangedb.spark_integration.views import write_and_step
+
+            if not write_and_step(self, df.select(*sel), spec, m, t, batch_id):
                 reports = self._run(spark, df.select(*sel), spec)
                 dataset.commit(self.path, m, reports, [t], batch_id=batch_id)
         return t
-
-    def _write_with_a_view(self, spark, df, spec: WriteSpec, m: dict, t: int,
-                           batch_id) -> bool:
-        """Write and step an up-to-date view over this dataset in one job (see
-        :mod:`.maintained`); False if no view can be stepped so."""
-        from arrangedb.spark_integration import maintained
-
-        for path in maintained.dependent_views(self.path):
-            with dataset.writer(path) as vm:
-                found = maintained.fusable(self, m, path, vm, t, spec.cfg, spec.metrics)
-                if found is None:
-                    continue
-                view, side = found
-                n = self.num_partitions
-                try:
-                    rows = (df.repartition(n, *self.key)
-                            .mapInArrow(on_workers("maintained", "fused_write", spec, view,
-                                                   side),
-                                        spark_schema(maintained.fused_schema(view)))
-                            .repartition(maintained.view_tasks(view, n),
-                                         maintained.ROUTE)
-                            .mapInArrow(on_workers("maintained", "fused_apply", view),
-                                        spark_schema(maintained.fused_report_schema()))
-                            .collect())
-                except BaseException:
-                    dataset.remove_attempts(self.path, spec.version, keep=())
-                    dataset.remove_attempts(path, view.version, keep=())
-                    raise
-                rows = [{k.removeprefix("__report_"): v for k, v in r.asDict().items()}
-                        for r in rows]
-                maintained.commit_fused(self.path, m, path, vm, view, side, rows, [t],
-                                        batch_id)
-                return True
-        return False
 
 
 def arrange_df(df, key, vals=None, path=None, num_partitions: int | None = None,

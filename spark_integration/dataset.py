@@ -34,8 +34,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from arrangedb.pager import ManifestError
-from arrangedb.pager.diskio import disk
+from arrangedb.pager import ManifestError, disk
 
 MANIFEST = "_arrangedb_dataset.json"
 LOCK = "_arrangedb_dataset.lock"
@@ -101,6 +100,11 @@ def new_manifest(keys, vals, n: int, schema: pa.Schema, unique: bool, **extra) -
             "partitioning": "Spark hash partitioning (murmur3) of the key columns",
             "unique": unique, "version": 0, "since": 0, "batch_ids": {}, "commits": [],
             **extra}
+
+
+def schema_of(m: dict) -> pa.Schema:
+    """The dataset's key and val columns, as its manifest records them."""
+    return pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(m["schema"])))
 
 
 def latest_time(m: dict) -> int | None:

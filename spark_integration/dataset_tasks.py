@@ -15,18 +15,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from arrangedb.spark_integration.dataset import Layout, attempt_prefix, part_dir
-from arrangedb.spark_integration.partition import _Task
+from arrangedb.spark_integration.task import Task, task_ids
 
 TIME = "__arrangedb_time"
 DIFF = "__arrangedb_diff"
 REPORT = pa.schema([("partition", pa.int64()), ("dir", pa.string()), ("updates", pa.int64())])
-
-
-def _task_ids() -> tuple[int, int]:
-    from pyspark import TaskContext
-
-    ctx = TaskContext.get()
-    return ctx.partitionId(), ctx.taskAttemptId()
 
 
 def load_partition(engine, layout: Layout, pid: int):
@@ -73,7 +66,7 @@ class WriteSpec:
     compact_before: int | None = None
 
 
-def _save(trace, spec: WriteSpec, pid: int, attempt: int):
+def save_attempt(trace, spec: WriteSpec, pid: int, attempt: int):
     n = trace.stats()["updates"]
     if n == 0:
         return pa.record_batch({"partition": [pid], "dir": [""], "updates": [0]},
@@ -112,15 +105,15 @@ def _check_keys(rb: pa.RecordBatch, keys: list[str]) -> None:
 def write_partition(batches, spec: WriteSpec):
     """One partition's new updates (insert, upsert, delete), or all of its updates
     (arrange, compact), saved as a trace in the task attempt's own directory."""
-    pid, attempt = _task_ids()
-    task = _Task(spec.cfg, spec.metrics)
+    pid, attempt = task_ids()
+    task = Task(spec.cfg, spec.metrics)
     with task.engine() as engine:
-        out = _save(written_trace(engine, batches, spec, pid, task), spec, pid, attempt)
+        out = save_attempt(written_trace(engine, batches, spec, pid, task), spec, pid, attempt)
         task.report(engine)
     yield out
 
 
-def written_trace(engine, batches, spec: WriteSpec, pid: int, task: _Task):
+def written_trace(engine, batches, spec: WriteSpec, pid: int, task: Task):
     """The trace a writing task saves for partition ``pid``."""
     if spec.mode == "compact":
         for _ in batches:
@@ -155,7 +148,7 @@ def _check_unique(trace, keys) -> None:
                          f"{st['keys']} distinct keys")
 
 
-def _retract_and_replace(engine, batches, spec: WriteSpec, pid: int, task: _Task):
+def _retract_and_replace(engine, batches, spec: WriteSpec, pid: int, task: Task):
     """Upsert: the new rows at the time, and the retraction of each key's current row;
     delete: the retractions alone. Old rows are found by one batched lookup per input
     batch (keys sorted once, the trace walked in order)."""

@@ -10,14 +10,13 @@ task's own start (the engine's budget takes its baseline then).
 
 from __future__ import annotations
 
-import os
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 
 from arrangedb.spine import dictionary_schema
+from arrangedb.spark_integration.task import Task, partition_id
 
 
 SIDE = "__arrangedb_side"
@@ -42,40 +41,6 @@ class JoinSpec:
     since: int | None = None    # the join's changes in [since, upto) instead of its rows
     upto: int | None = None
     batch_rows: int = 1 << 16
-
-
-@dataclass
-class _Task:
-    """Accounting of one task, reported to the driver when the partition ends."""
-    cfg: object
-    metrics: object
-    rows_in: int = 0
-    rows_out: int = 0
-    started: float = field(default_factory=time.time)
-
-    def engine(self):
-        from arrangedb import Engine
-        from arrangedb.spark_integration.config import check_address_space, task_spill_root
-        from arrangedb.codecs import set_threads
-
-        check_address_space(self.cfg.budget_bytes)
-        set_threads(self.cfg.threads)   # the other cores run the other slots' tasks
-        return Engine(spill_dir=task_spill_root(self.cfg), memory_budget=self.cfg.budget_bytes)
-
-    def report(self, engine) -> None:
-        if self.metrics is None:
-            return
-        from arrangedb.pager import RSS_ALLOWANCE, peak_rss
-
-        s = engine.stats()
-        # the whole worker's high-water mark, what the container sees: the kernel's
-        # (the interpreter, pyspark, numpy, pyarrow and pandas included), or the
-        # engine's sampled peak if that was higher
-        worker_peak = max(peak_rss() or 0, s["peak_rss_bytes"])
-        self.metrics.add_task(self.rows_in, self.rows_out, s["bytes_spilled"],
-                              s["peak_rss_bytes"] - s["baseline_rss_bytes"],
-                              self.cfg.budget_bytes, RSS_ALLOWANCE, time.time() - self.started,
-                              os.path.dirname(engine.spill.path), worker_peak)
 
 
 class SideBuilder:
@@ -130,12 +95,6 @@ def _rename(rb: pa.RecordBatch, cols: list[str], names: list[str]) -> pa.RecordB
     return pa.RecordBatch.from_arrays([rb.column(c) for c in cols], names=names)
 
 
-def _partition_id(batches) -> tuple[int, object]:
-    from pyspark import TaskContext
-
-    return TaskContext.get().partitionId(), batches
-
-
 def join_partition(batches, spec: JoinSpec, then: "ReduceSpec | None" = None):
     """Arrange both sides of one partition (or load them) and stream their join.
 
@@ -144,8 +103,8 @@ def join_partition(batches, spec: JoinSpec, then: "ReduceSpec | None" = None):
     """
     import arrangedb as adb
 
-    task = _Task(spec.cfg, spec.metrics)
-    pid, batches = _partition_id(batches)
+    task = Task(spec.cfg, spec.metrics)
+    pid, batches = partition_id(batches)
     with task.engine() as engine:
         if then is None:
             for out in _joined(batches, spec, task, engine, pid):
@@ -213,7 +172,7 @@ def _is_string(t: pa.DataType) -> bool:
     return pa.types.is_string(t) or pa.types.is_large_string(t)
 
 
-def _joined(batches, spec: JoinSpec, task: _Task, engine, pid: int,
+def _joined(batches, spec: JoinSpec, task: Task, engine, pid: int,
             read_dictionary: list[str] | None = None, schema: pa.Schema | None = None):
     import arrangedb as adb
 
@@ -346,8 +305,8 @@ def reduce_partition(batches, spec: ReduceSpec):
     """One partition of snapshot_reduce: a phase of group_by, or arrange + reduce."""
     import arrangedb as adb
 
-    task = _Task(spec.cfg, spec.metrics)
-    pid, batches = _partition_id(batches)
+    task = Task(spec.cfg, spec.metrics)
+    pid, batches = partition_id(batches)
 
     def counted(it):
         for b in it:

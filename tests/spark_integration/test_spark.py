@@ -167,41 +167,6 @@ def test_a_partition_several_times_its_budget_stays_within_it():
     assert budget < m["max_worker_peak_rss_bytes"] <= budget + WORKER_RSS_ALLOWANCE
 
 
-@pytest.mark.slow
-def test_separate_executor_processes(tmp_path):
-    """local-cluster: executors are their own JVMs with their own local dirs and budget."""
-    script = textwrap.dedent("""
-        import json, os
-        from collections import Counter
-        from arrangedb.spark_integration import local_session, snapshot_join, snapshot_reduce
-        spark = local_session("local-cluster[2,1,1024]", memory_budget="48MiB",
-                              extra={"spark.local.dir": os.environ["LOCAL_DIR"],
-                                     "spark.executor.memory": "512m"})
-        a = spark.range(0, 40_000, 1, 4).selectExpr("id % 1000 as k", "id as v")
-        b = spark.range(0, 1200, 1, 2).selectExpr("id as k", "id % 7 as r")
-        j = snapshot_join(a, b, "k", num_partitions=4)
-        got = Counter(map(tuple, j.collect()))
-        want = Counter(map(tuple, a.join(b, "k").collect()))
-        r = snapshot_reduce(j, "r", {"n": ("count", None), "s": ("sum", "v")})
-        print(json.dumps({"equal": got == want, "rows": sum(got.values()),
-                          "groups": len(r.collect()), "metrics": j.arrangedb_metrics.value,
-                          "driver_pid": os.getpid()}))
-        spark.stop()
-    """)
-    env = dict(os.environ, LOCAL_DIR=str(tmp_path), SPARK_LOCAL_IP="127.0.0.1")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=600, env=env)
-    assert out.returncode == 0, out.stderr[-3000:]
-    r = json.loads(out.stdout.strip().splitlines()[-1])
-    assert r["equal"] and r["rows"] == 40_000 and r["groups"] == 7
-    m = r["metrics"]
-    assert m["max_task_budget_bytes"] == 48 << 20     # one core per executor: one slot
-    # the sizing rule of docs/SPARK.md, on the whole worker process
-    assert 48 << 20 < m["max_worker_peak_rss_bytes"] <= (48 << 20) + WORKER_RSS_ALLOWANCE
-    # engines spilled under the executors' own local directories (Spark's blockmgr dirs)
-    assert m["spill_roots"] and all(d.startswith(str(tmp_path)) for d in m["spill_roots"])
-
-
 def test_task_slots_divide_the_executor_budget():
     assert task_slots({}, "local[2]") == 2
     assert task_slots({"spark.task.cpus": "2"}, "local[4]") == 2

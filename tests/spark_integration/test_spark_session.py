@@ -18,6 +18,8 @@ import textwrap
 
 import pytest
 
+from arrangedb.spark_integration.config import WORKER_RSS_ALLOWANCE
+
 pytestmark = pytest.mark.spark
 
 if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
@@ -43,6 +45,49 @@ SCRIPT = textwrap.dedent("""
         print(json.dumps({"n": sum(row["n"] for row in r.collect())}))
     except Exception as e:
         print(json.dumps({"error": str(e)}))
+    spark.stop()
+""")
+
+
+CLUSTER_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    from collections import Counter
+    from pyspark.sql import SparkSession
+    from arrangedb.spark_integration import (arrange_df, snapshot_join, snapshot_reduce,
+                                             JobMetrics)
+
+    root = sys.argv[1]
+    spark = (SparkSession.builder.master("local-cluster[2,1,1024]")
+             .appName("a user's own session").config("spark.driver.host", "127.0.0.1")
+             .config("spark.ui.enabled", "false").config("spark.local.dir", root)
+             .config("spark.executor.memory", "512m")
+             .config("spark.arrangedb.memoryBudget", "48MiB").getOrCreate())
+    spark.sparkContext.setLogLevel("OFF")
+    a = spark.range(0, 40_000, 1, 4).selectExpr("id % 1000 as k", "id as v")
+    b = spark.range(0, 1200, 1, 2).selectExpr("id as k", "id % 7 as r")
+    j = snapshot_join(a, b, "k", num_partitions=4)
+    got = Counter(map(tuple, j.collect()))
+    want = Counter(map(tuple, a.join(b, "k").collect()))
+    groups = len(snapshot_reduce(j, "r", {"n": ("count", None), "s": ("sum", "v")}).collect())
+
+    # a living dataset written by tasks in separate executor processes
+    metrics = JobMetrics(spark)
+    da = arrange_df(a, "k", path=os.path.join(root, "a"), num_partitions=4, metrics=metrics)
+    db = arrange_df(b, "k", path=os.path.join(root, "b"), num_partitions=4, unique=True,
+                    metrics=metrics)
+    aggs = {"n": ("count", None), "s": ("sum", "v")}
+    view = Counter()
+    for row in snapshot_reduce(snapshot_join(da, db, "k"), "r", aggs, since=0).collect():
+        view[(row["r"], row["n"], row["s"])] += row["diff"]
+    more = spark.range(0, 300, 1, 2).selectExpr("id * 3 as k", "id + 1000000 as v")
+    t = da.insert(more, metrics=metrics)
+    for row in snapshot_reduce(snapshot_join(da, db, "k"), "r", aggs, since=t).collect():
+        view[(row["r"], row["n"], row["s"])] += row["diff"]
+    from pyspark.sql import functions as F
+    truth = a.unionByName(more).join(b, "k").groupBy("r").agg(F.count("*"), F.sum("v"))
+    print(json.dumps({"equal": got == want, "rows": sum(got.values()), "groups": groups,
+                      "metrics": j.arrangedb_metrics.value, "living": metrics.value,
+                      "view_equal": +view == Counter(map(tuple, truth.collect()))}))
     spark.stop()
 """)
 
@@ -85,10 +130,28 @@ def _blocked_python(tmp_path) -> str:
     return str(wrapper)
 
 
-@pytest.mark.parametrize("master", ["local[2]", "local-cluster[2,1,1024]"])
-def test_a_users_own_local_session_runs_workers_with_the_drivers_python(tmp_path, master):
-    r = _run(tmp_path, master)
+def test_a_users_own_local_session_runs_workers_with_the_drivers_python(tmp_path):
+    r = _run(tmp_path, "local[2]")
     assert r == {"n": 20_000}
+
+
+def test_separate_executor_processes(tmp_path):
+    """local-cluster, a user's own session: executors are their own JVMs and Python
+    workers (running the driver's interpreter), with their own local dirs and budget;
+    they arrange, insert into and step a living dataset's view."""
+    script = tmp_path / "cluster.py"
+    script.write_text(CLUSTER_SCRIPT)
+    out = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True,
+                         text=True, timeout=600, env=_clean_env(tmp_path))
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    assert lines, f"exit {out.returncode}: {out.stderr[-3000:]}"
+    r = json.loads(lines[-1])
+    assert r["equal"] and r["rows"] == 40_000 and r["groups"] == 7 and r["view_equal"]
+    for m in (r["metrics"], r["living"]):
+        assert m["max_task_budget_bytes"] == 48 << 20     # one core per executor: one slot
+        # the sizing rule of docs/SPARK.md, on the whole worker process
+        assert 48 << 20 < m["max_worker_peak_rss_bytes"] <= (48 << 20) + WORKER_RSS_ALLOWANCE
+        assert m["over_budget_tasks"] == 0
 
 
 def test_a_configured_worker_python_is_left_alone(tmp_path):

@@ -1,5 +1,6 @@
 """Aggregates of a join of two arranged datasets, kept up to date from the inputs'
-changes: the Spark form of a maintained view (see docs/SPARK.md).
+changes: the Spark form of a maintained view (see docs/SPARK.md). This module holds
+the view's spec and what its tasks run; :mod:`.views` the driver's side.
 
 The view is itself an arranged dataset, under ``<left>/_views/<id>``: keyed by the
 group columns (nulls made safe), its values the group's partial aggregates (row count,
@@ -30,23 +31,17 @@ are refused here (``at=`` snapshots compute them).
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import json
-import os
-import shutil
 from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from arrangedb.spark_integration import dataset
 from arrangedb.spark_integration.dataset import Layout
-from arrangedb.spark_integration.dataset_tasks import (REPORT, WriteSpec, _save, _task_ids,
-                                                      load_partition, written_trace)
-from arrangedb.spark_integration.partition import (NULLS, _Task, null_safe_keys,
-                                                   restore_null_keys)
+from arrangedb.spark_integration.dataset_tasks import (REPORT, WriteSpec, load_partition,
+                                                      save_attempt, written_trace)
+from arrangedb.spark_integration.partition import NULLS, null_safe_keys, restore_null_keys
+from arrangedb.spark_integration.task import Task, task_ids
 
 INLINE_ROWS = 4096
 """A step whose output changes have at most this many rows keeps them in the manifest."""
@@ -172,7 +167,7 @@ def fused_report_schema() -> pa.Schema:
 
 # -- tasks ----------------------------------------------------------------------------
 
-def _join_partials(engine, spec: ViewSpec, pid: int, task: _Task):
+def _join_partials(engine, spec: ViewSpec, pid: int, task: Task):
     """The join's changes in the step for partition ``pid``, partially aggregated per
     (group, time)."""
     import arrangedb as adb
@@ -198,8 +193,8 @@ def _join_partials(engine, spec: ViewSpec, pid: int, task: _Task):
 
 def join_deltas(batches, spec: ViewSpec):
     """Step 1 in join partition i."""
-    pid, _ = _task_ids()
-    task = _Task(spec.cfg, spec.metrics)
+    pid, _ = task_ids()
+    task = Task(spec.cfg, spec.metrics)
     for _ in batches:
         pass
     with task.engine() as engine:
@@ -209,8 +204,8 @@ def join_deltas(batches, spec: ViewSpec):
 
 def apply_deltas(batches, spec: ViewSpec):
     """Step 2: each view partition the task's partials belong to."""
-    _, attempt = _task_ids()
-    task = _Task(spec.cfg, spec.metrics)
+    _, attempt = task_ids()
+    task = Task(spec.cfg, spec.metrics)
     incoming = [rb for rb in batches if rb.num_rows]
     with task.engine() as engine:
         reports = [_apply(engine, spec, q, attempt, rows) for q, rows in _by_view_partition(
@@ -234,11 +229,11 @@ def _by_view_partition(batches, spec: ViewSpec):
 def fused_write(batches, write: WriteSpec, spec: ViewSpec, side: str):
     """A dataset's writing task that also runs step 1 of a view over it: the partition's
     new directory is the new commit of input ``side``."""
-    pid, attempt = _task_ids()
-    task = _Task(spec.cfg, spec.metrics)
+    pid, attempt = task_ids()
+    task = Task(spec.cfg, spec.metrics)
     schema = fused_schema(spec)
     with task.engine() as engine:
-        report = _save(written_trace(engine, batches, write, pid, task), write, pid, attempt)
+        report = save_attempt(written_trace(engine, batches, write, pid, task), write, pid, attempt)
         fresh = [[] for _ in range(len(getattr(spec, side).parts))]
         if report.column("dir")[0].as_py():
             fresh[pid] = [report.column("dir")[0].as_py()]
@@ -255,8 +250,8 @@ def fused_write(batches, write: WriteSpec, spec: ViewSpec, side: str):
 
 def fused_apply(batches, spec: ViewSpec):
     """Step 2 of a fused write; the writing tasks' reports pass through."""
-    _, attempt = _task_ids()
-    task = _Task(spec.cfg, spec.metrics)
+    _, attempt = task_ids()
+    task = Task(spec.cfg, spec.metrics)
     partials, reports = [], []
     names = delta_schema(spec).names
     for rb in batches:
@@ -301,7 +296,7 @@ def _apply(engine, spec: ViewSpec, pid: int, attempt: int, incoming) -> pa.Recor
         with pa.ipc.new_stream(sink, spec.out_schema) as w:
             w.write_table(table)
         changes = sink.getvalue().to_pybytes()
-    report = _save(trace, WriteSpec(spec.root, [], [], pa.schema([]), spec.version, None,
+    report = save_attempt(trace, WriteSpec(spec.root, [], [], pa.schema([]), spec.version, None,
                                     None, spec.cfg, spec.metrics), pid, attempt)
     return pa.RecordBatch.from_arrays(report.columns + [pa.array([changes], pa.binary())],
                                       schema=VIEW_REPORT)
@@ -365,8 +360,8 @@ def _dtype(t: pa.DataType):
 def view_changes(batches, spec: ViewSpec):
     """The output's changes in [since, upto) from view partition q: its updates there,
     finished into aggregates."""
-    pid, _ = _task_ids()
-    task = _Task(spec.cfg, spec.metrics)
+    pid, _ = task_ids()
+    task = Task(spec.cfg, spec.metrics)
     for _ in batches:
         pass
     with task.engine() as engine:
@@ -407,214 +402,3 @@ def _outputs(done: pa.RecordBatch, spec: ViewSpec, rb: pa.RecordBatch) -> pa.Rec
     arrays += [rb.column(TIME), rb.column(DIFF)]
     return pa.RecordBatch.from_arrays(
         [a.cast(f.type) for a, f in zip(arrays, spec.out_schema)], schema=spec.out_schema)
-
-
-# -- the driver -----------------------------------------------------------------------
-
-DEPENDENTS = "_dependents"
-
-
-def view_path(left, right, on, by, aggs) -> str:
-    ident = json.dumps({"left": left.path, "right": right.path, "on": list(on),
-                        "by": by, "aggs": {k: list(v) for k, v in sorted(aggs.items())}},
-                       sort_keys=True)
-    return os.path.join(left.path, "_views", hashlib.sha1(ident.encode()).hexdigest()[:16])
-
-
-def dependent_views(path: str) -> list[str]:
-    """The views registered over the dataset at ``path``."""
-    folder = os.path.join(path, DEPENDENTS)
-    out = []
-    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-        with open(os.path.join(folder, name)) as f:
-            view = f.read().strip()
-        if os.path.exists(os.path.join(view, dataset.MANIFEST)):
-            out.append(view)
-    return out
-
-
-def _register(path: str, inputs) -> None:
-    """Name the view in each input's ``_dependents`` (one small file each, written before
-    the view's first commit: an input's writer may find a view with no state yet)."""
-    for ds in inputs:
-        folder = os.path.join(ds.path, DEPENDENTS)
-        os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, os.path.basename(path)), "w") as f:
-            f.write(path)
-
-
-def reduce_changes(spark, left, right, jspec, by, aggs, out_schema, since, upto, cfg,
-                   metrics):
-    """The aggregate's changes in [since, upto) as a DataFrame (by, aggregates, time,
-    diff); brings the view up to date with its inputs first (one job, committed).
-
-    A step folds the inputs' commits the view has not seen, counted by version: the
-    state seen before is read as of the view's time ``v``, the new commits' updates at
-    their times, or at ``v + 1`` if earlier (a commit to one input at a time the view
-    has passed lands at the view's next time; its history is not rewritten)."""
-    from arrangedb.spark_integration.frames import on_workers, spark_schema
-
-    if upto is not None and upto <= since:
-        raise ValueError(f"upto={upto} must be greater than since={since}")
-    state_aggs(aggs, jspec.out_schema, "snapshot_reduce")   # refused before any write
-    path = view_path(left, right, jspec.keys, by, aggs)
-    defn = definition(left, right, jspec.keys, by, aggs, jspec.out_schema, out_schema)
-    spec = view_spec(defn, path, cfg, metrics)
-    if not os.path.exists(os.path.join(path, dataset.MANIFEST)):
-        os.makedirs(path, exist_ok=True)
-        dataset.write_manifest(path, dataset.new_manifest(
-            spec.key_schema.names, spec.val_schema.names, left.num_partitions,
-            pa.schema(list(spec.key_schema) + list(spec.val_schema)), True,
-            inputs={"left": 0, "right": 0}, definition=defn))
-        _register(path, (left, right))
-    n = left.num_partitions
-    with dataset.writer(path) as m:
-        m = _step(spark, spec, m, left, right, n)
-        v = dataset.latest_time(m)
-        upto = v + 1 if upto is None else upto
-        if since > v:
-            raise ValueError(f"since={since} is after the view's latest time {v}")
-        inline = _inline(m, since, upto)
-        if inline is not None:   # a day's few changes: from the manifest, no job
-            return spark.createDataFrame(inline)
-        spec.since, spec.upto = since, upto
-        spec.view = _view_layout(path, m, min(upto - 1, v), spec)
-    return spark.range(0, n, 1, n).mapInArrow(on_workers("maintained", "view_changes", spec),
-                                              spark_schema(spec.out_schema))
-
-
-def _inline(m: dict, since: int, upto: int) -> pa.Table | None:
-    """The changes in [since, upto) from the commits' kept changes, if every commit with
-    times there kept them and lies inside."""
-    tables = []
-    for c in m["commits"]:
-        if c["upper"] <= since or c["lower"] >= upto:
-            continue
-        if "changes" not in c or c["lower"] < since or c["upper"] > upto:
-            return None
-        tables.append(pa.ipc.open_stream(base64.b64decode(c["changes"])).read_all())
-    return pa.concat_tables(tables) if tables else None
-
-
-def _kept_changes(reports) -> str | None:
-    """The view tasks' finished changes, for the manifest, when every task kept them."""
-    blobs = [r["changes"] for r in reports]
-    if any(b is None for b in blobs):
-        return None
-    tables = [pa.ipc.open_stream(b).read_all() for b in blobs]
-    table = pa.concat_tables(tables)
-    if table.num_rows > INLINE_ROWS:
-        return None
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as w:
-        w.write_table(table)
-    return base64.b64encode(sink.getvalue().to_pybytes()).decode()
-
-
-def _sides(spec: ViewSpec, m: dict, ml: dict, mr: dict, left, right):
-    """The step's inputs and time range, or None when the view has seen everything.
-    A compacted commit the view has not fully seen cannot be split: the view is
-    rebuilt from nothing."""
-    v = dataset.latest_time(m)
-    seen = m["inputs"]
-    lold, lnew = dataset.split_seen(ml, seen["left"])
-    rold, rnew = dataset.split_seen(mr, seen["right"])
-    if v is not None and not lnew and not rnew:
-        return None
-    floor = 0 if v is None else v + 1
-    upto = max([floor] + [t for t, _ in lnew + rnew]) + 1
-    return floor, upto, [Layout(ds.path, ds.key, ds.vals, ds.schema, old, upto - 1,
-                                tuple(new), floor)
-                         for ds, old, new in ((left, lold, lnew), (right, rold, rnew))]
-
-
-def _rebuild_if_compacted(spec: ViewSpec, m: dict, ml: dict, mr: dict) -> dict:
-    seen = m["inputs"]
-    if any(c.get("compacted_from", c["version"]) <= s < c["version"]
-           for mm, s in ((ml, seen["left"]), (mr, seen["right"])) for c in mm["commits"]):
-        m = dict(m, commits=[], inputs={"left": 0, "right": 0}, batch_ids={})
-        dataset.write_manifest(spec.root, m)
-        for part in os.listdir(spec.root):
-            if part.startswith("part-"):
-                shutil.rmtree(os.path.join(spec.root, part), ignore_errors=True)
-    return m
-
-
-def _step(spark, spec: ViewSpec, m: dict, left, right, n: int) -> dict:
-    """Fold the inputs' unseen commits into the view; returns its new manifest."""
-    from arrangedb.spark_integration.frames import on_workers, spark_schema
-
-    ml, mr = dataset.read_manifest(left.path), dataset.read_manifest(right.path)
-    m = _rebuild_if_compacted(spec, m, ml, mr)
-    sides = _sides(spec, m, ml, mr, left, right)
-    if sides is None:
-        return m
-    floor, upto, (lside, rside) = sides
-    v = dataset.latest_time(m)
-    step = replace(spec, left=lside, right=rside, step_since=floor, step_upto=upto,
-                   version=m["version"] + 1,
-                   view=None if v is None else _view_layout(spec.root, m, v, spec))
-    try:
-        reports = (spark.range(0, n, 1, n)
-                   .mapInArrow(on_workers("maintained", "join_deltas", step),
-                               spark_schema(delta_schema(step)))
-                   .repartition(view_tasks(step, n), ROUTE)
-                   .mapInArrow(on_workers("maintained", "apply_deltas", step),
-                               spark_schema(VIEW_REPORT))
-                   .collect())
-    except BaseException:
-        dataset.remove_attempts(spec.root, step.version, keep=())
-        raise
-    reports = [r.asDict() for r in reports]
-    return dataset.commit(spec.root, m, reports, sorted({floor, upto - 1}),
-                          entry={"changes": _kept_changes(reports)},
-                          inputs={"left": dataset.through(ml), "right": dataset.through(mr)})
-
-
-def fusable(ds, m: dict, path: str, vm: dict, time: int, cfg, metrics):
-    """For a write at ``time`` into ``ds`` (manifest ``m``): whether the view at ``path``
-    (manifest ``vm``, its writer role held) has seen every commit of both inputs; if so,
-    the spec of its step and which side ``ds`` is, else None."""
-    from arrangedb.spark_integration.arranged import ArrangedDataset
-
-    defn = vm.get("definition")
-    if defn is None or dataset.latest_time(vm) is None:
-        return None
-    side = "left" if defn["left"] == ds.path else "right"
-    other_path = defn["right"] if side == "left" else defn["left"]
-    if other_path == ds.path:
-        return None   # a self-join: its step needs both sides' new commits
-    other = ArrangedDataset.open(other_path)
-    other_m = dataset.read_manifest(other_path)
-    inputs = {side: (ds, m), ("right" if side == "left" else "left"): (other, other_m)}
-    if vm["inputs"] != {k: dataset.through(mm) for k, (_, mm) in inputs.items()}:
-        return None   # behind: its next read steps it
-    v = dataset.latest_time(vm)
-    floor, upto = v + 1, max(v + 1, time) + 1
-    layouts = {k: Layout(d.path, d.key, d.vals, d.schema,
-                         dataset.split_seen(mm, dataset.through(mm))[0], upto - 1, (), floor)
-               for k, (d, mm) in inputs.items()}
-    spec = view_spec(defn, path, cfg, metrics)
-    spec = replace(spec, left=layouts["left"], right=layouts["right"], step_since=floor,
-                   step_upto=upto, version=vm["version"] + 1,
-                   view=_view_layout(path, vm, v, spec))
-    return spec, side
-
-
-def commit_fused(ds_path: str, m: dict, path: str, vm: dict, spec: ViewSpec, side: str,
-                 rows, times, batch_id) -> dict:
-    """Commit the dataset's write, then the view's step (its inputs: the new version of
-    the written side, the other as it was)."""
-    written = [r for r in rows if r["target"] == "dataset"]
-    stepped = [r for r in rows if r["target"] == "view"]
-    new_m = dataset.commit(ds_path, m, written, times, batch_id=batch_id)
-    inputs = dict(vm["inputs"], **{side: dataset.through(new_m)})
-    dataset.commit(path, vm, stepped, sorted({spec.step_since, spec.step_upto - 1}),
-                   entry={"changes": _kept_changes(stepped)}, inputs=inputs)
-    return new_m
-
-
-def _view_layout(path: str, m: dict, at: int, spec: ViewSpec) -> Layout:
-    return Layout(path, spec.key_schema.names, spec.val_schema.names,
-                  pa.schema(list(spec.key_schema) + list(spec.val_schema)),
-                  dataset.parts_at(m, at), at)
