@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from arrangedb.pager import disk
 from arrangedb.spark_integration.dataset import Layout, attempt_prefix, part_dir
 from arrangedb.spark_integration.task import Task, task_ids
 
@@ -66,14 +67,19 @@ class WriteSpec:
     compact_before: int | None = None
 
 
-def save_attempt(trace, spec: WriteSpec, pid: int, attempt: int):
+def save_attempt(trace, root: str, version: int, pid: int, attempt: int):
+    """Save partition ``pid``'s trace as task attempt ``attempt``'s directory of commit
+    ``version`` under the dataset ``root``; the report row (no directory when empty)."""
     n = trace.stats()["updates"]
     if n == 0:
         return pa.record_batch({"partition": [pid], "dir": [""], "updates": [0]},
                                schema=REPORT)
-    rel = f"{part_dir(pid)}/{attempt_prefix(spec.version)}a{attempt}"
-    os.makedirs(os.path.join(spec.root, part_dir(pid)), exist_ok=True)
-    trace.save(os.path.join(spec.root, rel))   # page files, manifest, directory: fsync'd
+    rel = f"{part_dir(pid)}/{attempt_prefix(version)}a{attempt}"
+    os.makedirs(os.path.join(root, part_dir(pid)), exist_ok=True)
+    trace.save(os.path.join(root, rel))   # page files, manifest, directory: fsync'd
+    # the new directory's entry, and its partition's, before a manifest names them
+    disk().fsync_dir(os.path.join(root, part_dir(pid)))
+    disk().fsync_dir(root)
     return pa.record_batch({"partition": [pid], "dir": [rel], "updates": [n]}, schema=REPORT)
 
 
@@ -108,7 +114,8 @@ def write_partition(batches, spec: WriteSpec):
     pid, attempt = task_ids()
     task = Task(spec.cfg, spec.metrics)
     with task.engine() as engine:
-        out = save_attempt(written_trace(engine, batches, spec, pid, task), spec, pid, attempt)
+        out = save_attempt(written_trace(engine, batches, spec, pid, task), spec.root,
+                           spec.version, pid, attempt)
         task.report(engine)
     yield out
 

@@ -233,7 +233,8 @@ def fused_write(batches, write: WriteSpec, spec: ViewSpec, side: str):
     task = Task(spec.cfg, spec.metrics)
     schema = fused_schema(spec)
     with task.engine() as engine:
-        report = save_attempt(written_trace(engine, batches, write, pid, task), write, pid, attempt)
+        report = save_attempt(written_trace(engine, batches, write, pid, task), write.root,
+                              write.version, pid, attempt)
         fresh = [[] for _ in range(len(getattr(spec, side).parts))]
         if report.column("dir")[0].as_py():
             fresh[pid] = [report.column("dir")[0].as_py()]
@@ -296,8 +297,7 @@ def _apply(engine, spec: ViewSpec, pid: int, attempt: int, incoming) -> pa.Recor
         with pa.ipc.new_stream(sink, spec.out_schema) as w:
             w.write_table(table)
         changes = sink.getvalue().to_pybytes()
-    report = save_attempt(trace, WriteSpec(spec.root, [], [], pa.schema([]), spec.version, None,
-                                    None, spec.cfg, spec.metrics), pid, attempt)
+    report = save_attempt(trace, spec.root, spec.version, pid, attempt)
     return pa.RecordBatch.from_arrays(report.columns + [pa.array([changes], pa.binary())],
                                       schema=VIEW_REPORT)
 
