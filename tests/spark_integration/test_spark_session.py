@@ -30,22 +30,31 @@ SCRIPT = textwrap.dedent("""
     from pyspark.sql import SparkSession
     from arrangedb.spark_integration import snapshot_join, snapshot_reduce
 
-    builder = SparkSession.builder.master(sys.argv[1]).appName("a user's own session")
-    for kv in sys.argv[2:]:
-        k, v = kv.split("=", 1)
-        builder = builder.config(k, v)
-    spark = builder.config("spark.driver.host", "127.0.0.1") \\
-        .config("spark.ui.enabled", "false").getOrCreate()
-    spark.sparkContext.setLogLevel("OFF")
-    a = spark.range(0, 20_000, 1, 4).selectExpr("id % 500 as k", "id as v")
-    b = spark.range(0, 600, 1, 2).selectExpr("id as k", "id % 7 as r")
-    try:
-        r = snapshot_reduce(snapshot_join(a, b, "k", num_partitions=2), "r",
-                            {"n": ("count", None)})
-        print(json.dumps({"n": sum(row["n"] for row in r.collect())}))
-    except Exception as e:
-        print(json.dumps({"error": str(e)}))
-    spark.stop()
+    # one session per case, one after the other (each case: its configuration entries,
+    # cases separated by "--"): a driver process and its JVM start once
+    cases = [[]]
+    for arg in sys.argv[2:]:
+        if arg == "--":
+            cases.append([])
+        else:
+            cases[-1].append(arg)
+    for conf in cases:
+        builder = SparkSession.builder.master(sys.argv[1]).appName("a user's own session")
+        for kv in conf:
+            k, v = kv.split("=", 1)
+            builder = builder.config(k, v)
+        spark = builder.config("spark.driver.host", "127.0.0.1") \\
+            .config("spark.ui.enabled", "false").getOrCreate()
+        spark.sparkContext.setLogLevel("OFF")
+        a = spark.range(0, 20_000, 1, 4).selectExpr("id % 500 as k", "id as v")
+        b = spark.range(0, 600, 1, 2).selectExpr("id as k", "id % 7 as r")
+        try:
+            r = snapshot_reduce(snapshot_join(a, b, "k", num_partitions=2), "r",
+                                {"n": ("count", None)})
+            print(json.dumps({"n": sum(row["n"] for row in r.collect())}))
+        except Exception as e:
+            print(json.dumps({"error": str(e)}))
+        spark.stop()
 """)
 
 
@@ -107,14 +116,27 @@ def _clean_env(tmp_path, **extra) -> dict:
     return env
 
 
-def _run(tmp_path, master: str, *conf: str, env_extra: dict | None = None) -> dict:
+def _run(tmp_path, master: str, *cases: list[str]) -> list[dict]:
+    """One driver process running one session per case (its configuration entries);
+    each case's result."""
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
-    out = subprocess.run([sys.executable, str(script), master, *conf], capture_output=True,
-                         text=True, timeout=600, env=_clean_env(tmp_path, **(env_extra or {})))
+    args = []
+    for i, conf in enumerate(cases):
+        args += (["--"] if i else []) + list(conf)
+    out = subprocess.run([sys.executable, str(script), master, *args], capture_output=True,
+                         text=True, timeout=600, env=_clean_env(tmp_path))
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
-    assert lines, f"exit {out.returncode}: {out.stderr[-3000:]}"
-    return json.loads(lines[-1])
+    assert len(lines) == len(cases), f"exit {out.returncode}: {out.stderr[-3000:]}"
+    return [json.loads(ln) for ln in lines]
+
+
+@pytest.fixture(scope="module")
+def local_cases(tmp_path_factory):
+    """A user's own local session, unconfigured and then with a worker python that lacks
+    arrangedb configured: both in one driver process."""
+    tmp = tmp_path_factory.mktemp("sessions")
+    return _run(tmp, "local[2]", [], [f"spark.pyspark.python={_blocked_python(tmp)}"])
 
 
 def _blocked_python(tmp_path) -> str:
@@ -130,9 +152,8 @@ def _blocked_python(tmp_path) -> str:
     return str(wrapper)
 
 
-def test_a_users_own_local_session_runs_workers_with_the_drivers_python(tmp_path):
-    r = _run(tmp_path, "local[2]")
-    assert r == {"n": 20_000}
+def test_a_users_own_local_session_runs_workers_with_the_drivers_python(local_cases):
+    assert local_cases[0] == {"n": 20_000}
 
 
 def test_separate_executor_processes(tmp_path):
@@ -154,10 +175,9 @@ def test_separate_executor_processes(tmp_path):
         assert m["over_budget_tasks"] == 0
 
 
-def test_a_configured_worker_python_is_left_alone(tmp_path):
+def test_a_configured_worker_python_is_left_alone(local_cases):
     """Configured, it is used -- and one without arrangedb gets a clear error."""
-    blocked = _blocked_python(tmp_path)
-    r = _run(tmp_path, "local[2]", f"spark.pyspark.python={blocked}")
+    r = local_cases[1]
     assert "error" in r
     assert "arrangedb cannot be imported by Spark's Python worker" in r["error"]
     assert "spark.pyspark.python" in r["error"] and "spark.archives" in r["error"]
