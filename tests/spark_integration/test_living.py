@@ -347,3 +347,38 @@ def test_views_survive_compaction_of_their_inputs(spark, tmp_path):
     commits = sorted(len(read_manifest(os.path.join(folder, v))["commits"])
                      for v in os.listdir(folder))
     assert commits[0] == 1 and commits[1] >= 3   # rebuilt in one step; stepped each time
+
+
+def test_readers_see_whole_commits_while_a_writer_inserts(spark, tmp_path):
+    """Two reading jobs run while a third inserts: every read sees the dataset at one
+    committed time -- 100 + 10 t rows after t inserts -- never part of an insert, and a
+    reader never goes back in time."""
+    import threading
+
+    ds = arrange_df(spark.createDataFrame([(k, 1) for k in range(100)], "k long, v long"),
+                    "k", path=tmp_path / "d", num_partitions=3)
+    seen: dict[int, list[int]] = {0: [], 1: []}
+    done = threading.Event()
+    errors = []
+
+    def read(who):
+        try:
+            while not done.is_set() or len(seen[who]) < 2:
+                got = snapshot_reduce(ds, "k", {"n": ("count", None)}).collect()
+                seen[who].append(sum(r["n"] for r in got))
+        except Exception as e:   # surfaced below: a thread's failure must fail the test
+            errors.append(e)
+
+    readers = [threading.Thread(target=read, args=(i,)) for i in (0, 1)]
+    for r in readers:
+        r.start()
+    for t in (1, 2, 3):
+        ds.insert(spark.createDataFrame([(1000 * t + i, 1) for i in range(10)],
+                                        "k long, v long"))
+    done.set()
+    for r in readers:
+        r.join(timeout=300)
+    assert not errors, errors
+    for totals in seen.values():
+        assert totals and all(n in (100, 110, 120, 130) for n in totals), totals
+        assert totals == sorted(totals)
