@@ -278,8 +278,9 @@ def _any_valid(bitmap: np.ndarray, n: int) -> bool:
     return bool(np.unpackbits(bitmap[: (n + 7) // 8], bitorder="little")[:n].any())
 
 
-# Rows from which the offsets are computed on the kernels' helper thread while the
-# strings are taken: below it the hand-off costs more than it saves (~0.2 ms).
+# Rows from which a string decode counts as large: its offsets are computed on the
+# kernels' helper thread while the strings are taken into a presized buffer. Below it the
+# hand-off and the estimate cost more than they save (~0.2 ms).
 PARALLEL_OFFSETS_FROM = 1 << 16
 
 
@@ -316,6 +317,7 @@ def _packed_group_gather(t, dictionary, codes_buf, bits, vbuf, nulls, n):
     groups = (pc.binary_join_element_wise(*parts, pa.scalar("").cast(t)) if per > 1
               else parts[0])
     packed = view_as(codes_buf, np.uint8, -(-n // per), "dict codes")
+    groups = _presized(groups, packed, odt)
 
     def offsets_of():
         offsets = np.empty(n + 1, odt)
@@ -333,6 +335,34 @@ def _packed_group_gather(t, dictionary, codes_buf, bits, vbuf, nulls, n):
         offsets, data = offsets_of(), data_of()
     return pa.Array.from_buffers(t, n, [vbuf, pa.py_buffer(offsets), data or pa.py_buffer(b"")],
                                  null_count=nulls)
+
+
+# Packed bytes sampled to estimate the taken strings' total length, and the margin added.
+PRESIZE_SAMPLE = 1 << 14
+PRESIZE_MARGIN = 1.03
+
+
+def _presized(groups: pa.Array, packed: np.ndarray, odt) -> pa.Array:
+    """``groups`` with one entry appended, never taken, that makes Arrow's take reserve
+    enough output bytes at once.
+
+    Arrow's take of strings reserves the table's mean entry length times the number of
+    indices and grows by reallocation past that: a copy of everything taken so far, and
+    on a fresh buffer the page faults of both. The mean of a code-group table is not the
+    mean of the rows (groups of codes past k, never used, are short): the appended entry
+    lifts it to the rows' mean estimated from a sample, plus a margin. Arrow shrinks the
+    buffer to size at the end, in place while the reserve is under twice the need.
+    """
+    m = len(packed)
+    if m == 0 or m < PARALLEL_OFFSETS_FROM:
+        return groups
+    lengths = np.diff(np.frombuffer(groups.buffers()[1], odt, count=len(groups) + 1))
+    sample = packed[:: max(1, m // PRESIZE_SAMPLE)]
+    want = float(lengths[sample].mean()) * PRESIZE_MARGIN
+    pad = int(np.ceil(want * (len(groups) + 1))) - int(lengths.sum())
+    if pad <= 0:
+        return groups
+    return pa.concat_arrays([groups, pa.array([b"\0" * pad], groups.type)])
 
 
 def _equal_length_gather(t, dictionary, codes_buf, bits, vbuf, nulls, n):

@@ -457,6 +457,32 @@ def test_helper_thread_offsets_still_reject_bad_codes():
         dictionary.PARALLEL_OFFSETS_FROM = old
 
 
+@pytest.mark.parametrize("skew", [0.0, 1.2, 3.0])
+def test_varlen_dict_take_is_presized(skew):
+    """The strings of a large column are taken into one buffer reserved from a sample of
+    the codes: at least what they need (no regrowth), under twice it (shrunk in place)."""
+    from arrangedb.codecs import dictionary
+
+    pool = ["1-URGENT", "2-HIGH", "3-MEDIUM", "4-NOT SPECIFIED", "5-LOW"]
+    rng = np.random.default_rng(11)
+    weights = 1.0 / np.arange(1, 6) ** skew
+    picks = rng.choice(5, 300_000, p=weights / weights.sum())
+    values = pa.array(pool).take(pa.array(picks))
+    enc = encode(values, "dict")
+    assert enc.meta["code_bits"] == 4
+    packed = np.frombuffer(as_stored(enc.buffers)[0], np.uint8)
+    entries = dictionary.DICT.decode_dictionary(enc.version, enc.meta,
+                                                as_stored(enc.buffers)).dictionary.to_pylist()
+    groups = pa.array([entries[min(b & 15, 4)] + entries[min(b >> 4, 4)] for b in range(256)])
+    padded = dictionary._presized(groups, packed, np.int32)
+    offsets = np.frombuffer(padded.buffers()[1], np.int32, count=len(padded) + 1)
+    reserved = (offsets[-1] - offsets[0]) / len(padded) * len(packed)
+    need = len(values.buffers()[2])
+    assert need <= reserved < 2 * need
+    assert padded.slice(0, 256).equals(groups)
+    assert decode(enc.codec, enc.version, enc.meta, as_stored(enc.buffers)).equals(values)
+
+
 @settings(max_examples=80, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(lens=st.lists(st.one_of(st.integers(0, 12), st.integers(250, 300)), min_size=1,
