@@ -59,10 +59,10 @@ MIN_LOW_CARD_RATIO = 8.0
 MIN_FAST_DECODE_MBS = 2000.0   # plain, dict, stride offsets
 MIN_ZSTD_DECODE_MBS = 500.0
 # dict over strings of differing lengths needs a per-row variable-length copy: Arrow's take
-# over a 256-entry table of code groups (a packed byte names two 4-bit codes), with the
-# offsets computed meanwhile on the kernels' second thread: 2.1-2.5 GB/s on priority here
-# (best of 5, over runs), ~1.8 GB/s with ARRANGEDB_THREADS=1 (1.4-1.75 before the thread).
-# A 65536-entry table of u16 groups ran 10-20% faster only from ~3M rows: dropped.
+# over a 256-entry table of code groups (a packed byte names two 4-bit codes) into a buffer
+# reserved once from a sample of the codes, the offsets computed meanwhile on the kernels'
+# second thread: 2.56-2.83 GB/s on priority here (best of 5), 2.0-2.55 while take regrew
+# its buffer. A 65536-entry table of u16 groups ran 10-20% faster only from ~3M rows: dropped.
 
 APPLICABLE = {
     "status": ["plain", "dict", "zstd", "auto"],
