@@ -1078,8 +1078,11 @@ def test_const_refuses_two_values_and_costs_nothing_for_a_constant_string():
 def zipf_column(n: int, k: int = 17, a: float = 1.2, seed: int = 5, nulls: bool = False):
     """``n`` strings of ``k`` values (lengths differ) drawn Zipf(a): a few cover most rows."""
     rng = np.random.default_rng(seed)
-    z = rng.zipf(a, 4 * n + 64)
-    z = z[z <= k][:n] - 1
+    z = np.empty(0, np.int64)
+    while len(z) < n:   # few draws are <= k for small k (a quarter for k = 2): draw again
+        draws = rng.zipf(a, 4 * n + 64)
+        z = np.concatenate([z, draws[draws <= k]])
+    z = z[:n] - 1
     pool = pa.array([f"value-{i:02d}" if i % 3 else f"v{i}" for i in range(k)])
     col = pool.take(pa.array(z))
     if nulls:
