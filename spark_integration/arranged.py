@@ -10,12 +10,13 @@ columns cast to the dataset's types), so a join reads partition ``i`` of each si
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
 import pyarrow as pa
 
-from arrangedb.spark_integration import config, dataset
+from arrangedb.spark_integration import config, dataset, parquet_source
 from arrangedb.spark_integration.dataset import Layout
 from arrangedb.spark_integration.dataset_tasks import REPORT, WriteSpec
 from arrangedb.spark_integration.frames import (arrow_schema, default_partitions,
@@ -207,17 +208,77 @@ def arrange_df(df, key, vals=None, path=None, num_partitions: int | None = None,
         raise KeyError(f"arrange_df: no column(s) {missing} (columns: {df.columns})")
     vals = [c for c in df.columns if c not in keys] if vals is None else list(vals)
     path = os.path.abspath(os.fspath(path))
-    if os.path.exists(os.path.join(path, dataset.MANIFEST)):
-        raise FileExistsError(f"{path!r} already holds an arranged dataset")
-    os.makedirs(path, exist_ok=True)
     spark = df.sparkSession
     n = num_partitions or default_partitions(spark)
     schema = arrow_schema(df.select(*keys, *vals).schema)
-    ds = ArrangedDataset(path, keys, vals, n, schema, bool(unique))
-    with open(os.path.join(path, dataset.LOCK), "a"):
-        pass
-    m = dataset.new_manifest(keys, vals, n, schema, bool(unique))
+    files = parquet_source.plain_parquet_scan(df)
+    ds, m = _new_dataset(path, keys, vals, n, schema, unique)
     spec = ds._spec(spark, m, "arrange", int(time), None, memory_budget, spill_dir, metrics)
-    reports = ds._run(spark, df.select(*keys, *vals), spec)
+    if files is not None:   # read by the tasks themselves, never through the JVM
+        reports = _arrange_files(spark, ds, files, spec)
+    else:
+        reports = ds._run(spark, df.select(*keys, *vals), spec)
     dataset.commit(path, m, reports, [int(time)])
     return ds
+
+
+def arrange_parquet(spark, paths, key, vals=None, path=None,
+                    num_partitions: int | None = None, memory_budget=None, spill_dir=None,
+                    metrics: JobMetrics | None = None, time: int = 0,
+                    unique: bool = False) -> ArrangedDataset:
+    """``arrange_df(spark.read.parquet(*paths).select(*key, *vals), ...)``, read by the
+    tasks with pyarrow (see :mod:`.parquet_source`): ``paths`` are Parquet files or
+    directories of them, reachable from every executor."""
+    if path is None:
+        raise ValueError("arrange_parquet needs path=, the directory to write the "
+                         "dataset to")
+    files = parquet_source.parquet_files(paths)
+    file_schema = parquet_source.file_schema(files)
+    keys = [key] if isinstance(key, str) else list(key)
+    vals = [c for c in file_schema.names if c not in keys] if vals is None else list(vals)
+    missing = [c for c in keys + vals if c not in file_schema.names]
+    if missing:
+        raise KeyError(f"arrange_parquet: no column(s) {missing} in {files[0]!r} "
+                       f"(columns: {file_schema.names})")
+    # the types Spark reads the files as, as arrange_df would store them
+    schema = arrow_schema(spark_schema(pa.schema([file_schema.field(c) for c in keys + vals])))
+    n = num_partitions or default_partitions(spark)
+    ds, m = _new_dataset(os.path.abspath(os.fspath(path)), keys, vals, n, schema, unique)
+    spec = ds._spec(spark, m, "arrange", int(time), None, memory_budget, spill_dir, metrics)
+    reports = _arrange_files(spark, ds, files, spec)
+    dataset.commit(ds.path, m, reports, [int(time)])
+    return ds
+
+
+def _new_dataset(path, keys, vals, n, schema, unique):
+    if os.path.exists(os.path.join(path, dataset.MANIFEST)):
+        raise FileExistsError(f"{path!r} already holds an arranged dataset")
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, dataset.LOCK), "a"):
+        pass
+    ds = ArrangedDataset(path, keys, vals, n, schema, bool(unique))
+    return ds, dataset.new_manifest(keys, vals, n, schema, bool(unique))
+
+
+def _arrange_files(spark, ds: ArrangedDataset, files: list[str], spec: WriteSpec) -> list:
+    """The two jobs of the cold path: route the files' rows into sorted runs per
+    partition, then merge each partition's runs; the merge's reports, to commit."""
+    splits = parquet_source.plan_splits(files, ds.schema.names,
+                                        spec.cfg.budget_bytes // parquet_source.SPLIT_SHARE)
+    spec = dataclasses.replace(spec, num_partitions=ds.num_partitions)
+    try:
+        rows = _on_each(spark, len(splits), "route_split", spec, splits)
+        runs: dict[int, list[str]] = {}
+        for r in rows:
+            runs.setdefault(r["partition"], []).append(r["dir"])
+        return _on_each(spark, ds.num_partitions, "merge_runs", spec, runs)
+    except BaseException:
+        dataset.remove_attempts(ds.path, spec.version, keep=())
+        raise
+
+
+def _on_each(spark, n: int, function: str, *args) -> list:
+    """One task per index 0..n-1 running ``dataset_tasks.function``; its report rows."""
+    rows = spark.range(0, n, 1, max(n, 1)).mapInArrow(
+        on_workers("dataset_tasks", function, *args), spark_schema(REPORT)).collect()
+    return [r.asDict() for r in rows]

@@ -65,6 +65,7 @@ class WriteSpec:
     current: Layout | None = None   # the dataset before the write (upserts, deletes)
     mode: str = "insert"        # insert, upsert, delete, compact, arrange
     compact_before: int | None = None
+    num_partitions: int = 0     # the dataset's (the cold path routes rows to them)
 
 
 def save_attempt(trace, root: str, version: int, pid: int, attempt: int):
@@ -197,3 +198,67 @@ def _check_distinct(keys: pa.Table, names: list[str], mode: str) -> None:
         dup = counts.filter(pc.greater(counts.column("count_all"), 1)).slice(0, 3)
         raise ValueError(f"{mode}: the input repeats keys (e.g. {dup.select(names).to_pylist()}); "
                          f"each key may appear once")
+
+
+def route_split(batches, spec: WriteSpec, splits: list):
+    """Stage 1 of the cold path from Parquet (:mod:`.parquet_source`): read this task's
+    row groups, and write one sorted run per partition its rows hash to; one report row
+    per run."""
+    from arrangedb.spark_integration.hashing import partition_ids
+    from arrangedb.spark_integration.parquet_source import read_split
+
+    for _ in batches:   # the task's one input row names its split
+        pass
+    index, attempt = task_ids()
+    task = Task(spec.cfg, spec.metrics)
+    table = read_split(splits[index], spec.schema)
+    task.rows_in += table.num_rows
+    _check_keys(table, spec.key)
+    n = spec.num_partitions
+    pids = partition_ids(table, spec.key, n)
+    order = np.argsort(pids, kind="stable")
+    ends = np.cumsum(np.bincount(pids, minlength=n))
+    table = table.take(pa.array(order))
+    del order
+    dirs, counts = [], []
+    with task.engine() as engine:
+        start = 0
+        for pid, end in enumerate(ends.tolist()):
+            if end == start:
+                continue
+            rows = table.slice(start, end - start)
+            start = end
+            rows = rows.append_column(TIME, pa.array(np.full(rows.num_rows, spec.time,
+                                                             np.int64)))
+            trace = engine.arrange(rows, key=spec.key, vals=spec.vals, time=TIME)
+            # a run is read by the merge stage only: its name carries the commit's prefix,
+            # so the commit removes it with the attempts that lost
+            rel = f"{part_dir(pid)}/{attempt_prefix(spec.version)}r{index:05d}a{attempt}"
+            os.makedirs(os.path.join(spec.root, part_dir(pid)), exist_ok=True)
+            trace.save(os.path.join(spec.root, rel))
+            dirs.append((pid, rel, trace.stats()["updates"]))
+            trace.close()   # its memory back to the budget before the next partition's
+        task.report(engine)
+    yield pa.record_batch({"partition": [d[0] for d in dirs], "dir": [d[1] for d in dirs],
+                           "updates": [d[2] for d in dirs]}, schema=REPORT)
+
+
+def merge_runs(batches, spec: WriteSpec, runs: dict):
+    """Stage 2 of the cold path from Parquet: merge this partition's runs into the
+    directory the driver commits."""
+    for _ in batches:
+        pass
+    pid, attempt = task_ids()
+    task = Task(spec.cfg, spec.metrics)
+    dirs = [os.path.join(spec.root, d) for d in runs.get(pid, [])]
+    with task.engine() as engine:
+        if dirs:
+            trace = engine.load_all(dirs)
+            trace.merge_all()   # later reads walk one batch
+        else:
+            trace = engine.arrange(spec.schema.empty_table(), key=spec.key, vals=spec.vals)
+        if spec.unique:
+            _check_unique(trace, spec.key)
+        out = save_attempt(trace, spec.root, spec.version, pid, attempt)
+        task.report(engine)
+    yield out

@@ -1,0 +1,135 @@
+"""The cold path from Parquet files: tasks read row groups with pyarrow, never through
+the JVM.
+
+A DataFrame read from Parquet and arranged through ``mapInArrow`` crosses the JVM twice:
+Spark decodes every row, shuffles it by key and converts it back to Arrow for the Python
+worker. When the DataFrame is a plain scan of Parquet files (columns selected, nothing
+computed), ``arrange_df`` instead reads the files itself, in two Spark jobs:
+
+1. *route*: each task reads its share of the row groups (about
+   :data:`SPLIT_SHARE` of a task's budget, in bytes of the selected columns) with
+   pyarrow, computes each row's partition with Spark's own hash
+   (:func:`.hashing.partition_ids`), and writes one sorted run per partition into the
+   dataset's directory: the exchange goes through the dataset's storage, as Spark's
+   bucketed writes do;
+2. *merge*: each partition's task merges its runs into one directory.
+
+The driver commits the merged directories as the dataset's first time; the runs, named
+with the same commit's prefix, are removed with the attempts that lost. Spark still
+schedules, retries and places every task.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+
+# Bytes of selected columns (uncompressed) a route task reads, as a share of its budget:
+# the rows, their copy sorted by partition and the runs being written fit beside it.
+SPLIT_SHARE = 8
+
+
+@dataclass(frozen=True)
+class Split:
+    """The row groups one route task reads: ``(file, [row group, ...])`` pairs."""
+    units: tuple
+    rows: int
+    nbytes: int
+
+
+def plain_parquet_scan(df) -> list[str] | None:
+    """The files ``df`` reads when it is a plain Parquet scan -- a file relation with no
+    partition columns, under at most a selection of its columns -- else None."""
+    try:
+        plan = df._jdf.queryExecution().optimizedPlan()
+        if plan.getClass().getSimpleName() == "Project":
+            exprs = plan.projectList()
+            if any(exprs.apply(i).getClass().getSimpleName() != "AttributeReference"
+                   for i in range(exprs.size())):
+                return None
+            plan = plan.child()
+        if plan.getClass().getSimpleName() != "LogicalRelation":
+            return None
+        relation = plan.relation()
+        if relation.getClass().getSimpleName() != "HadoopFsRelation":
+            return None
+        if relation.fileFormat().getClass().getSimpleName() != "ParquetFileFormat":
+            return None
+        if relation.partitionSchema().size() != 0:
+            return None
+        files = list(df.inputFiles())
+    except Exception:   # a plan of another shape (or another Spark): the general path
+        return None
+    local = [_local_path(f) for f in files]
+    return local if local and all(p is not None for p in local) else None
+
+
+def _local_path(uri: str) -> str | None:
+    """A path pyarrow opens as a file, or None (remote schemes take the general path)."""
+    if uri.startswith("file:"):
+        from urllib.parse import unquote, urlparse
+
+        return unquote(urlparse(uri).path)
+    return uri if uri.startswith("/") else None
+
+
+def parquet_files(paths) -> list[str]:
+    """The Parquet files under ``paths`` (files, or directories walked; names starting
+    with ``_`` or ``.`` skipped, as Spark skips them)."""
+    paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    if not paths:
+        raise ValueError("no Parquet paths given")
+    files = []
+    for p in paths:
+        p = os.path.abspath(os.fspath(p))
+        files += pads.dataset(p, format="parquet").files if os.path.isdir(p) else [p]
+    if not files:
+        raise FileNotFoundError(f"no Parquet files under {paths}")
+    return sorted(files)
+
+
+def file_schema(files: list[str]) -> pa.Schema:
+    return pq.read_schema(files[0])
+
+
+def plan_splits(files: list[str], columns: list[str], target_bytes: int) -> list[Split]:
+    """Row groups packed in file order into splits of about ``target_bytes`` of the
+    selected columns each (a row group larger than that is a split of its own)."""
+    splits, units, rows, nbytes = [], [], 0, 0
+
+    def close():
+        nonlocal units, rows, nbytes
+        if units:
+            splits.append(Split(tuple((f, tuple(g)) for f, g in units), rows, nbytes))
+        units, rows, nbytes = [], 0, 0
+
+    for f in files:
+        meta = pq.ParquetFile(f).metadata
+        names = [meta.schema.column(i).path.split(".")[0] for i in range(meta.num_columns)]
+        wanted = [i for i, name in enumerate(names) if name in columns]
+        for g in range(meta.num_row_groups):
+            rg = meta.row_group(g)
+            size = sum(rg.column(i).total_uncompressed_size for i in wanted)
+            if units and nbytes + size > target_bytes:
+                close()
+            if units and units[-1][0] == f:
+                units[-1][1].append(g)
+            else:
+                units.append((f, [g]))
+            rows += rg.num_rows
+            nbytes += size
+    close()
+    return splits
+
+
+def read_split(split: Split, schema: pa.Schema) -> pa.Table:
+    """The split's rows, the dataset's columns cast to its types."""
+    tables = [pq.ParquetFile(f).read_row_groups(list(groups), columns=schema.names,
+                                                use_threads=False)
+              for f, groups in split.units]
+    table = pa.concat_tables(tables) if tables else schema.empty_table()
+    return table.select(schema.names).cast(schema)
