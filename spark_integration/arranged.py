@@ -261,17 +261,16 @@ def _new_dataset(path, keys, vals, n, schema, unique):
 
 
 def _arrange_files(spark, ds: ArrangedDataset, files: list[str], spec: WriteSpec) -> list:
-    """The two jobs of the cold path: route the files' rows into sorted runs per
-    partition, then merge each partition's runs; the merge's reports, to commit."""
+    """The two jobs of the cold path: route the files' rows to files per partition,
+    then arrange each partition's rows; the second job's reports, to commit."""
     splits = parquet_source.plan_splits(files, ds.schema.names,
                                         spec.cfg.budget_bytes // parquet_source.SPLIT_SHARE)
     spec = dataclasses.replace(spec, num_partitions=ds.num_partitions)
     try:
-        rows = _on_each(spark, len(splits), "route_split", spec, splits)
-        runs: dict[int, list[str]] = {}
-        for r in rows:
-            runs.setdefault(r["partition"], []).append(r["dir"])
-        return _on_each(spark, ds.num_partitions, "merge_runs", spec, runs)
+        routed: dict[int, list[str]] = {}
+        for r in _on_each(spark, len(splits), "route_split", spec, splits):
+            routed.setdefault(r["partition"], []).append(r["dir"])
+        return _on_each(spark, ds.num_partitions, "arrange_routed", spec, routed)
     except BaseException:
         dataset.remove_attempts(ds.path, spec.version, keep=())
         raise

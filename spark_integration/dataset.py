@@ -135,7 +135,12 @@ def remove_attempts(path: str, version: int, keep) -> None:
         for d in os.listdir(os.path.join(path, part)):
             rel = f"{part}/{d}"
             if d.startswith(prefix) and rel not in keep:
-                shutil.rmtree(os.path.join(path, rel), ignore_errors=True)
+                full = os.path.join(path, rel)
+                if os.path.isdir(full):
+                    shutil.rmtree(full, ignore_errors=True)
+                else:   # a routed file of the cold path (parquet_source)
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(full)
 
 
 def commit(path: str, m: dict, reports, times: list[int], batch_id=None,

@@ -202,8 +202,8 @@ def _check_distinct(keys: pa.Table, names: list[str], mode: str) -> None:
 
 def route_split(batches, spec: WriteSpec, splits: list):
     """Stage 1 of the cold path from Parquet (:mod:`.parquet_source`): read this task's
-    row groups, and write one sorted run per partition its rows hash to; one report row
-    per run."""
+    row groups and write the rows of each partition they hash to as one Arrow file, in
+    the order read (stage 2 sorts each partition once); one report row per file."""
     from arrangedb.spark_integration.hashing import partition_ids
     from arrangedb.spark_integration.parquet_source import read_split
 
@@ -216,47 +216,54 @@ def route_split(batches, spec: WriteSpec, splits: list):
     _check_keys(table, spec.key)
     n = spec.num_partitions
     pids = partition_ids(table, spec.key, n)
+    if n <= 1 << 16:   # numpy sorts 16-bit integers by radix: linear in the rows
+        pids = pids.astype(np.uint16)
     order = np.argsort(pids, kind="stable")
-    ends = np.cumsum(np.bincount(pids, minlength=n))
+    ends = np.cumsum(np.bincount(pids, minlength=n)).tolist()
     table = table.take(pa.array(order))
-    del order
-    dirs, counts = [], []
-    with task.engine() as engine:
-        start = 0
-        for pid, end in enumerate(ends.tolist()):
-            if end == start:
-                continue
-            rows = table.slice(start, end - start)
-            start = end
-            rows = rows.append_column(TIME, pa.array(np.full(rows.num_rows, spec.time,
-                                                             np.int64)))
-            trace = engine.arrange(rows, key=spec.key, vals=spec.vals, time=TIME)
-            # a run is read by the merge stage only: its name carries the commit's prefix,
-            # so the commit removes it with the attempts that lost
-            rel = f"{part_dir(pid)}/{attempt_prefix(spec.version)}r{index:05d}a{attempt}"
-            os.makedirs(os.path.join(spec.root, part_dir(pid)), exist_ok=True)
-            trace.save(os.path.join(spec.root, rel))
-            dirs.append((pid, rel, trace.stats()["updates"]))
-            trace.close()   # its memory back to the budget before the next partition's
-        task.report(engine)
-    yield pa.record_batch({"partition": [d[0] for d in dirs], "dir": [d[1] for d in dirs],
-                           "updates": [d[2] for d in dirs]}, schema=REPORT)
+    del order, pids
+    written = []
+    start = 0
+    for pid, end in enumerate(ends):
+        if end == start:
+            continue
+        # named with the commit's prefix: the commit removes it with the attempts that lost
+        rel = f"{part_dir(pid)}/{attempt_prefix(spec.version)}r{index:05d}a{attempt}.arrow"
+        os.makedirs(os.path.join(spec.root, part_dir(pid)), exist_ok=True)
+        with pa.OSFile(os.path.join(spec.root, rel), "wb") as sink, \
+                pa.ipc.new_file(sink, spec.schema) as out:
+            out.write_table(table.slice(start, end - start), max_chunksize=ROUTE_BATCH_ROWS)
+        written.append((pid, rel, end - start))
+        start = end
+    yield pa.record_batch({"partition": [w[0] for w in written], "dir": [w[1] for w in written],
+                           "updates": [w[2] for w in written]}, schema=REPORT)
 
 
-def merge_runs(batches, spec: WriteSpec, runs: dict):
-    """Stage 2 of the cold path from Parquet: merge this partition's runs into the
-    directory the driver commits."""
+# Rows per batch of a routed file: the arrange of stage 2 reads them a batch at a time.
+ROUTE_BATCH_ROWS = 1 << 20
+
+
+def arrange_routed(batches, spec: WriteSpec, routed: dict):
+    """Stage 2 of the cold path from Parquet: arrange this partition's routed rows (one
+    sort, as the general path's tasks do) into the directory the driver commits."""
     for _ in batches:
         pass
     pid, attempt = task_ids()
     task = Task(spec.cfg, spec.metrics)
-    dirs = [os.path.join(spec.root, d) for d in runs.get(pid, [])]
+    files = [os.path.join(spec.root, f) for f in routed.get(pid, [])]
+
+    def rows():
+        for f in files:
+            with pa.memory_map(f) as source:   # mapped: no copy before the sort
+                reader = pa.ipc.open_file(source)
+                for i in range(reader.num_record_batches):
+                    rb = reader.get_batch(i)
+                    task.rows_in += rb.num_rows
+                    yield _with_time(rb, spec)
     with task.engine() as engine:
-        if dirs:
-            trace = engine.load_all(dirs)
-            trace.merge_all()   # later reads walk one batch
-        else:
-            trace = engine.arrange(spec.schema.empty_table(), key=spec.key, vals=spec.vals)
+        trace = engine.arrange(pa.RecordBatchReader.from_batches(_updates_schema(spec), rows()),
+                               key=spec.key, vals=spec.vals, time=TIME)
+        trace.merge_all()
         if spec.unique:
             _check_unique(trace, spec.key)
         out = save_attempt(trace, spec.root, spec.version, pid, attempt)

@@ -6,17 +6,19 @@ Spark decodes every row, shuffles it by key and converts it back to Arrow for th
 worker. When the DataFrame is a plain scan of Parquet files (columns selected, nothing
 computed), ``arrange_df`` instead reads the files itself, in two Spark jobs:
 
-1. *route*: each task reads its share of the row groups (about
-   :data:`SPLIT_SHARE` of a task's budget, in bytes of the selected columns) with
-   pyarrow, computes each row's partition with Spark's own hash
-   (:func:`.hashing.partition_ids`), and writes one sorted run per partition into the
-   dataset's directory: the exchange goes through the dataset's storage, as Spark's
-   bucketed writes do;
-2. *merge*: each partition's task merges its runs into one directory.
+1. *route*: each task reads its share of the row groups (about 1/:data:`SPLIT_SHARE`
+   of a task's budget, in bytes of the selected columns) with pyarrow, computes each
+   row's partition with Spark's own hash (:func:`.hashing.partition_ids`), and writes
+   the rows of each partition as one Arrow file into the dataset's directory: the
+   exchange goes through the dataset's storage, as Spark's bucketed writes do;
+2. *arrange*: each partition's task arranges its routed files (mapped, not copied)
+   with one sort, as a task of the general path arranges its shuffled rows.
 
-The driver commits the merged directories as the dataset's first time; the runs, named
-with the same commit's prefix, are removed with the attempts that lost. Spark still
-schedules, retries and places every task.
+The driver commits the arranged directories as the dataset's first time; the routed
+files, named with the same commit's prefix, are removed with the attempts that lost.
+Spark still schedules, retries and places every task. Sorting runs per route task and
+merging them per partition was measured slower: the merge of a partition's runs cost
+as much as the sorts.
 """
 
 from __future__ import annotations

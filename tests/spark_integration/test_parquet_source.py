@@ -1,5 +1,5 @@
 """The cold path from Parquet: tasks read the files' row groups with pyarrow, route the
-rows to partitions by Spark's hash and merge each partition's runs -- checked against the
+rows to partitions by Spark's hash and arrange each partition's rows -- checked against the
 general path (every row through Spark's shuffle and mapInArrow), partition by partition."""
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def test_the_cold_path_arranges_what_the_general_path_does(spark, tmp_path):
     got, want = partitions(cold, tmp_path), partitions(general, tmp_path)
     assert [t.num_rows for t in got] == [t.num_rows for t in want]
     assert all(g.equals(w) for g, w in zip(got, want))
-    # the runs are gone: one committed directory per partition
+    # the routed files are gone: one committed directory per partition
     for pid in range(3):
         assert len(os.listdir(tmp_path / "cold" / f"part-{pid:05d}")) == 1
     # and a query reads it as it reads any arranged dataset
