@@ -147,6 +147,19 @@ class ArrangedDataset:
             raise
         return [r.asDict() for r in rows]   # one small report per partition, never data
 
+    def _route_small_files(self, df, cols, diff, spec: WriteSpec) -> dict | None:
+        """A small plain Parquet scan routed to the partitions by the driver (see
+        :func:`.parquet_source.route_on_driver`), or None."""
+        schema = pa.schema([self.schema.field(c) for c in cols]
+                           + ([pa.field(diff, pa.int64())] if diff is not None else []))
+        try:
+            return parquet_source.route_on_driver(
+                df, schema.names, schema, self.key, self.num_partitions, self.path,
+                dataset.attempt_prefix(spec.version))
+        except BaseException:
+            dataset.remove_attempts(self.path, spec.version, keep=())
+            raise
+
     def _write(self, df, mode, time, diff, batch_id, memory_budget, spill_dir, metrics):
         from pyspark.sql import functions as F
 
@@ -180,10 +193,14 @@ class ArrangedDataset:
                                  dataset.parts_at(m, latest), latest)
             spec = self._spec(spark, m, mode, t, diff, memory_budget, spill_dir, metrics,
                               current=current)
+            rows = self._route_small_files(df, cols, diff, spec)
+            if rows is not None:
+                spec = dataclasses.replace(spec, routed=rows)
+            rows = df.select(*sel) if rows is None else None   # None: the tasks read files
             from arrangedb.spark_integration.views import write_and_step
 
-            if not write_and_step(self, df.select(*sel), spec, m, t, batch_id):
-                reports = self._run(spark, df.select(*sel), spec)
+            if not write_and_step(self, rows, spec, m, t, batch_id):
+                reports = self._run(spark, rows, spec)
                 dataset.commit(self.path, m, reports, [t], batch_id=batch_id)
         return t
 

@@ -66,6 +66,7 @@ class WriteSpec:
     mode: str = "insert"        # insert, upsert, delete, compact, arrange
     compact_before: int | None = None
     num_partitions: int = 0     # the dataset's (the cold path routes rows to them)
+    routed: dict | None = None  # partition -> its rows' Arrow files (routed by the driver)
 
 
 def save_attempt(trace, root: str, version: int, pid: int, attempt: int):
@@ -123,6 +124,11 @@ def write_partition(batches, spec: WriteSpec):
 
 def written_trace(engine, batches, spec: WriteSpec, pid: int, task: Task):
     """The trace a writing task saves for partition ``pid``."""
+    if spec.routed is not None:   # the rows come from files, the input only starts the task
+        for _ in batches:
+            pass
+        batches = mapped_batches([os.path.join(spec.root, f)
+                                  for f in spec.routed.get(pid, [])])
     if spec.mode == "compact":
         for _ in batches:
             pass
@@ -253,13 +259,9 @@ def arrange_routed(batches, spec: WriteSpec, routed: dict):
     files = [os.path.join(spec.root, f) for f in routed.get(pid, [])]
 
     def rows():
-        for f in files:
-            with pa.memory_map(f) as source:   # mapped: no copy before the sort
-                reader = pa.ipc.open_file(source)
-                for i in range(reader.num_record_batches):
-                    rb = reader.get_batch(i)
-                    task.rows_in += rb.num_rows
-                    yield _with_time(rb, spec)
+        for rb in mapped_batches(files):
+            task.rows_in += rb.num_rows
+            yield _with_time(rb, spec)
     with task.engine() as engine:
         trace = engine.arrange(pa.RecordBatchReader.from_batches(_updates_schema(spec), rows()),
                                key=spec.key, vals=spec.vals, time=TIME)
@@ -269,3 +271,12 @@ def arrange_routed(batches, spec: WriteSpec, routed: dict):
         out = save_attempt(trace, spec.root, spec.version, pid, attempt)
         task.report(engine)
     yield out
+
+
+def mapped_batches(files):
+    """The record batches of routed Arrow files, memory-mapped: no copy before a sort."""
+    for f in files:
+        with pa.memory_map(f) as source:
+            reader = pa.ipc.open_file(source)
+            for i in range(reader.num_record_batches):
+                yield reader.get_batch(i)

@@ -135,3 +135,48 @@ def read_split(split: Split, schema: pa.Schema) -> pa.Table:
               for f, groups in split.units]
     table = pa.concat_tables(tables) if tables else schema.empty_table()
     return table.select(schema.names).cast(schema)
+
+
+# Inputs of a write (insert, upsert, delete) up to this many bytes of their columns,
+# uncompressed, are routed by the driver: a day's delta then needs no scan-and-shuffle
+# stage before the writing tasks.
+DRIVER_ROUTE_MAX_BYTES = 64 << 20
+
+
+def route_on_driver(df, columns: list[str], schema: pa.Schema, keys: list[str], n: int,
+                    root: str, prefix: str) -> dict | None:
+    """For a small plain Parquet scan: its ``columns`` read here, cast to ``schema``,
+    and each partition's rows written as ``part-NNNNN/<prefix>d.arrow`` under ``root``
+    (removed with the commit's losing attempts); partition -> [file]. None when ``df``
+    is not a plain scan or is larger than :data:`DRIVER_ROUTE_MAX_BYTES`."""
+    import numpy as np
+
+    from arrangedb.spark_integration.dataset import part_dir
+    from arrangedb.spark_integration.hashing import partition_ids
+
+    files = plain_parquet_scan(df)
+    if files is None:
+        return None
+    splits = plan_splits(files, columns, DRIVER_ROUTE_MAX_BYTES)
+    if len(splits) != 1 or splits[0].nbytes > DRIVER_ROUTE_MAX_BYTES:
+        return None
+    table = read_split(splits[0], schema)
+    for k in keys:
+        if table.column(k).null_count:
+            raise ValueError(f"key column {k!r} holds nulls: an arranged dataset's keys "
+                             f"must not be null")
+    pids = partition_ids(table, keys, n)
+    order = np.argsort(pids.astype(np.uint16) if n <= 1 << 16 else pids, kind="stable")
+    ends = np.cumsum(np.bincount(pids, minlength=n)).tolist()
+    table = table.take(pa.array(order))
+    routed, start = {}, 0
+    for pid, end in enumerate(ends):
+        if end > start:
+            rel = f"{part_dir(pid)}/{prefix}d.arrow"
+            os.makedirs(os.path.join(root, part_dir(pid)), exist_ok=True)
+            with pa.OSFile(os.path.join(root, rel), "wb") as sink, \
+                    pa.ipc.new_file(sink, schema) as out:
+                out.write_table(table.slice(start, end - start))
+            routed[pid] = [rel]
+        start = end
+    return routed

@@ -230,7 +230,8 @@ def write_and_step(ds, df, spec, m: dict, t: int, batch_id) -> bool:
     view over it in the same job: the writing tasks join their new directories with the
     other input, the view's tasks apply the partials. False if no view can be stepped
     so (the caller writes alone)."""
-    from arrangedb.spark_integration.frames import on_workers, spark_schema
+    from arrangedb.spark_integration.frames import (active_session, on_workers,
+                                                    spark_schema)
     from arrangedb.spark_integration.view_tasks import fused_report_schema, fused_schema
 
     for path in dependent_views(ds.path):
@@ -241,7 +242,10 @@ def write_and_step(ds, df, spec, m: dict, t: int, batch_id) -> bool:
             view, side = found
             n = ds.num_partitions
             try:
-                rows = (df.repartition(n, *ds.key)
+                # df None: the driver routed the rows to files the writing tasks read
+                source = (df.repartition(n, *ds.key) if df is not None
+                          else active_session().range(0, n, 1, n))
+                rows = (source
                         .mapInArrow(on_workers("view_tasks", "fused_write", spec, view, side),
                                     spark_schema(fused_schema(view)))
                         .repartition(view_tasks(view, n), ROUTE)

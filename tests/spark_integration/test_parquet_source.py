@@ -131,3 +131,42 @@ def test_a_null_key_fails_the_arrange_and_leaves_nothing(spark, tmp_path):
     left = [d for p in os.listdir(tmp_path / "d") if p.startswith("part-")
             for d in os.listdir(tmp_path / "d" / p)]
     assert left == [] and not os.path.exists(tmp_path / "d" / "_arrangedb_dataset.json")
+
+
+def test_small_parquet_inserts_are_routed_by_the_driver(spark, tmp_path):
+    """An insert or upsert whose DataFrame is a small Parquet scan is routed to the
+    partitions by the driver (no scan-and-shuffle stage): the same dataset as the
+    general path's, with a view stepped in the same job, and no routed file left."""
+    from arrangedb.spark_integration import parquet_source, snapshot_reduce
+
+    root = write_files(str(tmp_path / "base"), n_files=1, rows=2000)
+    base = spark.read.parquet(root).select("cid", "tag", "amount", "qty")
+    rng = np.random.default_rng(3)
+    delta = pq.read_table(root).slice(0, 300).append_column(
+        "diff", pa.array(rng.choice([-1, 1], 300), pa.int64()))
+    os.makedirs(tmp_path / "delta")
+    pq.write_table(delta, str(tmp_path / "delta" / "d.parquet"))
+    customers = arrange_df(spark.createDataFrame([(i, f"r{i % 3}") for i in range(400)],
+                                                 "cid long, region string"),
+                           "cid", path=str(tmp_path / "customers"), num_partitions=3)
+    datasets = {}
+    for route in (True, False):
+        ds = arrange_df(base.repartition(2), key="cid", path=str(tmp_path / f"o{route}"),
+                        num_partitions=3)
+        aggs = {"n": ("count", None), "amount": ("sum", "amount")}
+        joined = snapshot_join(ds, customers, "cid")
+        snapshot_reduce(joined, "region", aggs, since=0).collect()   # starts the view
+        dpath = str(tmp_path / "delta")
+        frame = spark.read.parquet(dpath)
+        frame = frame if route else frame.repartition(2)   # not a plain scan
+        assert (parquet_source.plain_parquet_scan(frame) is not None) == route
+        t = ds.insert(frame, diff="diff")
+        changes = snapshot_reduce(joined, "region", aggs, since=t).collect()
+        datasets[route] = (ds, sorted(map(tuple, changes), key=repr))
+        left = [f for p in os.listdir(ds.path) if p.startswith("part-")
+                for f in os.listdir(os.path.join(ds.path, p)) if f.endswith(".arrow")]
+        assert left == []
+    (routed, routed_changes), (general, general_changes) = datasets[True], datasets[False]
+    assert routed_changes == general_changes and routed_changes
+    assert all(a.equals(b) for a, b in zip(partitions(routed, tmp_path),
+                                           partitions(general, tmp_path)))
