@@ -323,7 +323,6 @@ def snapshot_reduce(df, by, aggs: dict, num_partitions: int | None = None, memor
         result = df.select(*cols).repartition(n, *by).mapInArrow(
             _on_workers("reduce_partition", s), spark_out)
     else:
-        n = num_partitions or default_partitions(spark)
         cols = list(dict.fromkeys(by + [c for _, c in aggs.values() if c is not None]))
         weight = _weight_column(df, weight, by) if fused is None else None
         if weight is not None:
@@ -345,8 +344,15 @@ def snapshot_reduce(df, by, aggs: dict, num_partitions: int | None = None, memor
         else:
             partials = df.select(*cols).mapInArrow(_on_workers("reduce_partition", first),
                                                    partial_out)
-        result = partials.repartition(n, *by).mapInArrow(
-            _on_workers("reduce_partition", last), spark_out)
+        # partials are few (a row per group per input partition): unless the caller
+        # fixed the count, Spark's adaptive execution coalesces their partitions (a
+        # query with few groups ends in one task instead of one per partition)
+        adaptive = spark.conf.get("spark.sql.adaptive.enabled", "true") == "true"
+        shuffled_partials = (partials.repartition(*by) if adaptive and not num_partitions
+                             else partials.repartition(
+                                 num_partitions or default_partitions(spark), *by))
+        result = shuffled_partials.mapInArrow(_on_workers("reduce_partition", last),
+                                              spark_out)
     result.arrangedb_metrics = metrics
     return result
 
