@@ -33,6 +33,7 @@ from __future__ import annotations
 import os
 import re
 import resource
+import weakref
 from dataclasses import dataclass
 
 from arrangedb.pager import format_size, parse_size
@@ -71,9 +72,21 @@ def task_slots(conf: dict, master: str) -> int:
     return max(1, int(cores) // max(cpus, 1))
 
 
+_CONTEXT_CONF: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def context_conf(sc) -> dict:
+    """The SparkContext's configuration, read once: it is fixed when the context starts,
+    and copying it over py4j costs ~10 ms a call, several calls a query."""
+    conf = _CONTEXT_CONF.get(sc)
+    if conf is None:
+        conf = _CONTEXT_CONF[sc] = dict(sc.getConf().getAll())
+    return conf
+
+
 def resolve(spark, memory_budget=None, spill_dir=None) -> TaskConfig:
     """The per-task budget and spill directory for jobs of this session."""
-    conf = dict(spark.sparkContext.getConf().getAll())
+    conf = context_conf(spark.sparkContext)
     executor_budget = parse_size(memory_budget if memory_budget is not None
                                  else conf.get(BUDGET_KEY, DEFAULT_BUDGET))
     slots = task_slots(conf, spark.sparkContext.master)

@@ -25,8 +25,10 @@ def use_driver_python_locally(spark) -> None:
 
     ``spark.pyspark.python`` given to a session builder (not to spark-submit) is read
     by nobody in a driver already running; it is applied here, as the user meant."""
+    from arrangedb.spark_integration.config import context_conf
+
     sc = spark.sparkContext
-    conf = sc.getConf()
+    conf = context_conf(sc)
     # sc.pythonExec is read when each job's Python function is wrapped
     if conf.get("spark.pyspark.python"):
         sc.pythonExec = conf.get("spark.pyspark.python")
