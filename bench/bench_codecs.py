@@ -61,8 +61,8 @@ MIN_ZSTD_DECODE_MBS = 500.0
 # dict over strings of differing lengths needs a per-row variable-length copy: Arrow's take
 # over a 256-entry table of code groups (a packed byte names two 4-bit codes) into a buffer
 # reserved once from a sample of the codes, the offsets computed meanwhile on the kernels'
-# second thread: 2.56-2.83 GB/s on priority here (best of 5), 2.0-2.55 while take regrew
-# its buffer. A 65536-entry table of u16 groups ran 10-20% faster only from ~3M rows: dropped.
+# second thread: 2.56-2.83 GB/s on priority here (best of 5); 2.0-2.55 with a take that
+# regrows its buffer. A 65536-entry table of u16 groups ran 10-20% faster only from ~3M rows: dropped.
 
 APPLICABLE = {
     "status": ["plain", "dict", "zstd", "auto"],

@@ -19,9 +19,10 @@ Also: arranging once (``arrange_df`` of both sides against the bucketed writes: 
 DataFrames are plain Parquet scans, so the tasks read the files themselves), a query
 over the arranged data at time 0 (against the same query over the bucketed tables), and
 the cold path (arranging plus that query, against Spark's sort-merge join from the
-files). Both systems are warmed up before anything is timed. Ratios are Spark's time over arrangedb's. ARRANGEDB_BENCH_SCALE=full runs
-scale 1 (40M orders x 4M customers, three days; a number runs that scale); the default
-is a smoke run at scale 0.005 (one day).
+files). Both systems are warmed up before anything is timed. Ratios are Spark's time
+over arrangedb's. ARRANGEDB_BENCH_SCALE=full runs scale 1 (40M orders x 4M customers,
+three days; a number runs that scale); the default is a smoke run at scale 0.005 (one
+day).
 """
 
 from __future__ import annotations

@@ -5,5 +5,5 @@ from arrangedb.spark_integration.arranged import ArrangedDataset, arrange_df, ar
 from arrangedb.spark_integration.metrics import JobMetrics
 from arrangedb.spark_integration.session import local_session
 
-__all__ = ["ArrangedDataset", "JobMetrics", "arrange_df", "arrange_parquet", "local_session", "snapshot_join",
-           "snapshot_reduce"]
+__all__ = ["ArrangedDataset", "JobMetrics", "arrange_df", "arrange_parquet", "local_session",
+           "snapshot_join", "snapshot_reduce"]

@@ -347,7 +347,7 @@ def snapshot_reduce(df, by, aggs: dict, num_partitions: int | None = None, memor
         # partials are few (a row per group per input partition): unless the caller
         # fixed the count, Spark's adaptive execution coalesces their partitions (a
         # query with few groups ends in one task instead of one per partition)
-        adaptive = spark.conf.get("spark.sql.adaptive.enabled", "true") == "true"
+        adaptive = spark.conf.get("spark.sql.adaptive.enabled", "true").lower() == "true"
         shuffled_partials = (partials.repartition(*by) if adaptive and not num_partitions
                              else partials.repartition(
                                  num_partitions or default_partitions(spark), *by))

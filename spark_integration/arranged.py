@@ -193,14 +193,14 @@ class ArrangedDataset:
                                  dataset.parts_at(m, latest), latest)
             spec = self._spec(spark, m, mode, t, diff, memory_budget, spill_dir, metrics,
                               current=current)
-            rows = self._route_small_files(df, cols, diff, spec)
-            if rows is not None:
-                spec = dataclasses.replace(spec, routed=rows)
-            rows = df.select(*sel) if rows is None else None   # None: the tasks read files
+            routed = self._route_small_files(df, cols, diff, spec)
+            if routed is not None:   # the tasks read the routed files, not rows from Spark
+                spec = dataclasses.replace(spec, routed=routed)
+            source = df.select(*sel) if routed is None else None
             from arrangedb.spark_integration.views import write_and_step
 
-            if not write_and_step(self, rows, spec, m, t, batch_id):
-                reports = self._run(spark, rows, spec)
+            if not write_and_step(self, source, spec, m, t, batch_id):
+                reports = self._run(spark, source, spec)
                 dataset.commit(self.path, m, reports, [t], batch_id=batch_id)
         return t
 

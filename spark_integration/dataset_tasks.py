@@ -103,7 +103,7 @@ def _updates_schema(spec: WriteSpec) -> pa.Schema:
     return pa.schema(fields)
 
 
-def _check_keys(rb: pa.RecordBatch, keys: list[str]) -> None:
+def check_keys(rb: pa.RecordBatch, keys: list[str]) -> None:
     for k in keys:
         if rb.column(k).null_count:
             raise ValueError(f"key column {k!r} holds nulls: an arranged dataset's keys "
@@ -143,7 +143,7 @@ def written_trace(engine, batches, spec: WriteSpec, pid: int, task: Task):
     def rows():
         for rb in batches:
             task.rows_in += rb.num_rows
-            _check_keys(rb, spec.key)
+            check_keys(rb, spec.key)
             yield _with_time(rb, spec)
     trace = engine.arrange(pa.RecordBatchReader.from_batches(_updates_schema(spec), rows()),
                            key=spec.key, vals=spec.vals, time=TIME,
@@ -174,7 +174,7 @@ def _retract_and_replace(engine, batches, spec: WriteSpec, pid: int, task: Task)
         task.rows_in += rb.num_rows
         if rb.num_rows == 0:
             continue
-        _check_keys(rb, spec.key)
+        check_keys(rb, spec.key)
         keys = pa.table([rb.column(k) for k in spec.key], names=spec.key)
         seen.append(keys)
         old = current.lookup(keys, at=spec.current.at)
@@ -210,8 +210,7 @@ def route_split(batches, spec: WriteSpec, splits: list):
     """Stage 1 of the cold path from Parquet (:mod:`.parquet_source`): read this task's
     row groups and write the rows of each partition they hash to as one Arrow file, in
     the order read (stage 2 sorts each partition once); one report row per file."""
-    from arrangedb.spark_integration.hashing import partition_ids
-    from arrangedb.spark_integration.parquet_source import read_split
+    from arrangedb.spark_integration.parquet_source import read_split, route_rows
 
     for _ in batches:   # the task's one input row names its split
         pass
@@ -219,34 +218,11 @@ def route_split(batches, spec: WriteSpec, splits: list):
     task = Task(spec.cfg, spec.metrics)
     table = read_split(splits[index], spec.schema)
     task.rows_in += table.num_rows
-    _check_keys(table, spec.key)
-    n = spec.num_partitions
-    pids = partition_ids(table, spec.key, n)
-    if n <= 1 << 16:   # numpy sorts 16-bit integers by radix: linear in the rows
-        pids = pids.astype(np.uint16)
-    order = np.argsort(pids, kind="stable")
-    ends = np.cumsum(np.bincount(pids, minlength=n)).tolist()
-    table = table.take(pa.array(order))
-    del order, pids
-    written = []
-    start = 0
-    for pid, end in enumerate(ends):
-        if end == start:
-            continue
-        # named with the commit's prefix: the commit removes it with the attempts that lost
-        rel = f"{part_dir(pid)}/{attempt_prefix(spec.version)}r{index:05d}a{attempt}.arrow"
-        os.makedirs(os.path.join(spec.root, part_dir(pid)), exist_ok=True)
-        with pa.OSFile(os.path.join(spec.root, rel), "wb") as sink, \
-                pa.ipc.new_file(sink, spec.schema) as out:
-            out.write_table(table.slice(start, end - start), max_chunksize=ROUTE_BATCH_ROWS)
-        written.append((pid, rel, end - start))
-        start = end
+    check_keys(table, spec.key)
+    written = route_rows(table, spec.key, spec.num_partitions, spec.root,
+                         f"{attempt_prefix(spec.version)}r{index:05d}a{attempt}")
     yield pa.record_batch({"partition": [w[0] for w in written], "dir": [w[1] for w in written],
                            "updates": [w[2] for w in written]}, schema=REPORT)
-
-
-# Rows per batch of a routed file: the arrange of stage 2 reads them a batch at a time.
-ROUTE_BATCH_ROWS = 1 << 20
 
 
 def arrange_routed(batches, spec: WriteSpec, routed: dict):

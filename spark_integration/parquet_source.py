@@ -149,10 +149,7 @@ def route_on_driver(df, columns: list[str], schema: pa.Schema, keys: list[str], 
     and each partition's rows written as ``part-NNNNN/<prefix>d.arrow`` under ``root``
     (removed with the commit's losing attempts); partition -> [file]. None when ``df``
     is not a plain scan or is larger than :data:`DRIVER_ROUTE_MAX_BYTES`."""
-    import numpy as np
-
-    from arrangedb.spark_integration.dataset import part_dir
-    from arrangedb.spark_integration.hashing import partition_ids
+    from arrangedb.spark_integration.dataset_tasks import check_keys
 
     files = plain_parquet_scan(df)
     if files is None:
@@ -161,22 +158,37 @@ def route_on_driver(df, columns: list[str], schema: pa.Schema, keys: list[str], 
     if len(splits) != 1 or splits[0].nbytes > DRIVER_ROUTE_MAX_BYTES:
         return None
     table = read_split(splits[0], schema)
-    for k in keys:
-        if table.column(k).null_count:
-            raise ValueError(f"key column {k!r} holds nulls: an arranged dataset's keys "
-                             f"must not be null")
+    check_keys(table, keys)
+    return {pid: [rel] for pid, rel, _ in route_rows(table, keys, n, root, f"{prefix}d")}
+
+
+# Rows per batch of a routed file: its arrange reads them a batch at a time.
+ROUTE_BATCH_ROWS = 1 << 20
+
+
+def route_rows(table: pa.Table, keys: list[str], n: int, root: str,
+               name: str) -> list[tuple[int, str, int]]:
+    """Each of the ``n`` partitions' rows of ``table`` (by Spark's hash of ``keys``, which
+    hold no nulls), in the order given, written as ``part-NNNNN/<name>.arrow`` under
+    ``root``; ``(partition, file, rows)`` for each file written."""
+    import numpy as np
+
+    from arrangedb.spark_integration.dataset import part_dir
+    from arrangedb.spark_integration.hashing import partition_ids
+
     pids = partition_ids(table, keys, n)
-    order = np.argsort(pids.astype(np.uint16) if n <= 1 << 16 else pids, kind="stable")
+    if n <= 1 << 16:   # numpy sorts 16-bit integers by radix: linear in the rows
+        pids = pids.astype(np.uint16)
     ends = np.cumsum(np.bincount(pids, minlength=n)).tolist()
-    table = table.take(pa.array(order))
-    routed, start = {}, 0
+    table = table.take(pa.array(np.argsort(pids, kind="stable")))
+    written, start = [], 0
     for pid, end in enumerate(ends):
         if end > start:
-            rel = f"{part_dir(pid)}/{prefix}d.arrow"
+            rel = f"{part_dir(pid)}/{name}.arrow"
             os.makedirs(os.path.join(root, part_dir(pid)), exist_ok=True)
             with pa.OSFile(os.path.join(root, rel), "wb") as sink, \
-                    pa.ipc.new_file(sink, schema) as out:
-                out.write_table(table.slice(start, end - start))
-            routed[pid] = [rel]
+                    pa.ipc.new_file(sink, table.schema) as out:
+                out.write_table(table.slice(start, end - start), max_chunksize=ROUTE_BATCH_ROWS)
+            written.append((pid, rel, end - start))
         start = end
-    return routed
+    return written
