@@ -45,6 +45,14 @@ def part_dir(pid: int) -> str:
     return f"part-{pid:05d}"
 
 
+def check_keys(rows, keys: list[str]) -> None:
+    """An arranged dataset's keys are never null: ``rows`` (a batch or table) checked."""
+    for k in keys:
+        if rows.column(k).null_count:
+            raise ValueError(f"key column {k!r} holds nulls: an arranged dataset's keys "
+                             f"must not be null")
+
+
 def attempt_prefix(version: int) -> str:
     return f"c{version:06d}-"
 

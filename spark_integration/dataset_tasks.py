@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from arrangedb.pager import disk
-from arrangedb.spark_integration.dataset import Layout, attempt_prefix, part_dir
+from arrangedb.spark_integration.dataset import Layout, attempt_prefix, check_keys, part_dir
 from arrangedb.spark_integration.task import Task, task_ids
 
 TIME = "__arrangedb_time"
@@ -101,13 +101,6 @@ def _updates_schema(spec: WriteSpec) -> pa.Schema:
     if spec.diff is not None:
         fields.append(pa.field(DIFF, pa.int64()))
     return pa.schema(fields)
-
-
-def check_keys(rb: pa.RecordBatch, keys: list[str]) -> None:
-    for k in keys:
-        if rb.column(k).null_count:
-            raise ValueError(f"key column {k!r} holds nulls: an arranged dataset's keys "
-                             f"must not be null")
 
 
 def write_partition(batches, spec: WriteSpec):

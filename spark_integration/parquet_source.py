@@ -149,7 +149,7 @@ def route_on_driver(df, columns: list[str], schema: pa.Schema, keys: list[str], 
     and each partition's rows written as ``part-NNNNN/<prefix>d.arrow`` under ``root``
     (removed with the commit's losing attempts); partition -> [file]. None when ``df``
     is not a plain scan or is larger than :data:`DRIVER_ROUTE_MAX_BYTES`."""
-    from arrangedb.spark_integration.dataset_tasks import check_keys
+    from arrangedb.spark_integration.dataset import check_keys
 
     files = plain_parquet_scan(df)
     if files is None:
