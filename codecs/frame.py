@@ -112,6 +112,23 @@ class FrameOfReference(Codec):
     def segment_sums(self, version, meta, buffers, starts):
         return int_segment_sums(meta, buffers, starts)
 
+    def take(self, version, meta, buffers, rows):
+        # residuals are gathered at the rows and strides computed there: a lookup's rows
+        # of a part cost their own number, not a decode of the column
+        if meta["kind"] == "numpy":
+            dt = meta_dtype(meta)
+            check(dt.kind in "iu", f"for cannot decode dtype {dt}")
+            vals = _take_values(dt, meta, buffers, rows)
+            return super().take(version, meta, buffers, rows) if vals is None else vals
+        check(meta["kind"] == "arrow", f"unknown kind {meta.get('kind')!r}")
+        t = str_to_type(meta["type"])
+        dt = int_storage_dtype(t)
+        check(dt is not None, f"for cannot decode type {t}")
+        vals = None if meta["validity"] else _take_values(dt, meta, buffers, rows)
+        if vals is None:   # nulls (a bitmap to gather) or deltas: decode, then take
+            return super().take(version, meta, buffers, rows)
+        return pa.Array.from_buffers(t, len(rows), [None, pa.py_buffer(vals)], null_count=0)
+
     def decode_range(self, version, meta, buffers, start, stop):
         n = meta_length(meta)
         if meta["kind"] == "numpy":
@@ -196,6 +213,51 @@ def decode_as_float(meta, buffers, start, stop) -> np.ndarray | None:
     if base:
         out += np.float64(base)
     return out
+
+
+def take_as_float(meta, buffers, rows: np.ndarray) -> np.ndarray | None:
+    """:func:`decode_as_float` at ``rows``: the narrow residuals gathered and converted
+    in one step, when that is exact; else None."""
+    if meta.get("form") != "for" or meta.get("width") not in (1, 2, 4):
+        return None
+    width = meta["width"]
+    base = int(np.uint64(meta["base"] % 2 ** 64).view(np.int64))
+    if not -(1 << 53) < base < (1 << 53) - (1 << (8 * width)):
+        return None
+    expect_buffers(buffers, 1)
+    resid = view_as(buffers[0], f"u{width}", meta_length(meta), "for residuals")
+    out = resid[rows].astype(np.float64)
+    if base:
+        out += np.float64(base)
+    return out
+
+
+def _take_values(dt, meta, buffers, rows: np.ndarray) -> np.ndarray | None:
+    """The values at ``rows`` of the ``for`` and ``stride`` forms; None for ``delta``
+    (a running sum: the prefix must be decoded)."""
+    u = _unsigned(dt)
+    width = meta["width"]
+    check(width in (0, 1, 2, 4, 8) and width <= dt.itemsize, f"bad width {width!r}")
+    base = u.type(meta["base"] % 2 ** (8 * u.itemsize))
+    if meta["form"] == "for":
+        if width == 0:
+            expect_buffers(buffers, 0)
+            return np.full(len(rows), base, dtype=u).view(dt)
+        expect_buffers(buffers, 1)
+        resid = view_as(buffers[0], f"u{width}", meta_length(meta), "for residuals")
+        out = resid[rows].astype(u)
+        out += base
+        return out.view(dt)
+    if meta["form"] == "stride":
+        expect_buffers(buffers, 0)
+        step = meta["step"]
+        check(type(step) is int and 0 <= step < 2 ** (8 * u.itemsize), f"bad step {step!r}")
+        out = rows.astype(u)
+        out *= u.type(step)
+        out += base
+        return out.view(dt)
+    check(meta["form"] == "delta", f"unknown for form {meta['form']!r}")
+    return None
 
 
 def _decode_values(dt, meta, buffers, n, start, stop) -> np.ndarray:

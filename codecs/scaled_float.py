@@ -27,7 +27,7 @@ from arrangedb.codecs.base import (
     narrow_uint, normalize_arrow, numpy_meta, pop_validity, register, str_to_type, valid_mask,
     validity_of,
 )
-from arrangedb.codecs.frame import FOR, decode_as_float, int_segment_sums
+from arrangedb.codecs.frame import FOR, decode_as_float, int_segment_sums, take_as_float
 
 MAX_DIGITS = 6
 _EXACT = float(1 << 53)      # |m| below this: int64 <-> float64 is exact
@@ -133,6 +133,30 @@ class ScaledFloat(Codec):
             return None
         sums = int_segment_sums(ints, buffers, starts)
         return None if sums is None else _back(sums, digits)
+
+    def take(self, version, meta, buffers, rows):
+        # the scaled integers gathered at the rows and divided: no decode of the column
+        digits = meta["digits"]
+        check(isinstance(digits, int) and 0 <= digits <= MAX_DIGITS,
+              f"bad decimal digits {digits!r}")
+        if meta["kind"] == "arrow" and meta["validity"]:
+            return super().take(version, meta, buffers, rows)
+        ints_meta = meta["ints"]
+        check(meta_dtype(ints_meta) == np.int64, "scaled_float ints")
+        floats = take_as_float(ints_meta, buffers, rows)
+        if floats is None:
+            ints = FOR.take(FOR.version, ints_meta, buffers, rows)
+            check(ints.dtype == np.int64 and len(ints) == len(rows), "scaled_float ints")
+            floats = _back(ints, digits)
+        else:
+            floats /= np.float64(10.0 ** digits)
+        if meta["kind"] == "numpy":
+            check(meta_dtype(meta) == np.float64, "scaled_float decodes float64 only")
+            return floats
+        check(meta["kind"] == "arrow", f"unknown kind {meta.get('kind')!r}")
+        check(str_to_type(meta["type"]) == pa.float64(), "scaled_float decodes float64 only")
+        return pa.Array.from_buffers(pa.float64(), len(rows), [None, pa.py_buffer(floats)],
+                                     null_count=0)
 
     def decode_range(self, version, meta, buffers, start, stop):
         n = meta_length(meta)

@@ -48,6 +48,7 @@ from arrangedb.ops.view_delta import (DIFF, as_retractions, by_time, changed_onl
                                       delta_schema)
 from arrangedb.ops.view_linear import apply_linear, summed_nulls
 from arrangedb.ops.view_reduce import eligible as stored_eligible, stored_delta
+from arrangedb.ops.view_top_k import recomputed_top_k, stored_top_k
 from arrangedb.spine import Columns, Trace, roles
 
 PER_KEY_OPS = ("join", "reduce", "distinct", "top_k", "threshold")
@@ -184,17 +185,26 @@ class View(Trace):
                 continue
             out = self.appender()   # one time, many steps: sorted and spilled as they come
             try:
-                if self.kind == "stored aggregates":   # most keys from their stored rows
-                    aggs = _checked_aggs(params(self.plan._node))
-                    kept, keys, kept_keys = stored_delta(self, aggs, at_t[0])
+                if self.kind in ("stored aggregates", "stored top k"):   # most keys from
+                    p = params(self.plan._node)                          # their stored rows
+                    kept, keys, kept_keys = stored_delta(
+                        self, _checked_aggs(p), at_t[0]) if self.kind == "stored aggregates" \
+                        else stored_top_k(self, p["k"], _names(p["by"]), p["descending"],
+                                          at_t[0])
                     self.keys_from_state += kept_keys
                     if kept is not None:
                         out.add(_at_time_table(kept, t), time=_TIME, diff=DIFF)
                 else:
                     keys = self._touched_keys(at_t)
                 self.keys_recomputed += keys.num_rows
+                recompute = self._per_key_delta
+                if self.kind == "stored top k":   # the first k from the looked-up rows
+                    p = params(self.plan._node)
+                    recompute = lambda keys, t: recomputed_top_k(   # noqa: E731
+                        self, p["k"], _names(p["by"]), p["descending"], self.inputs[0],
+                        keys, t)
                 for lo in range(0, keys.num_rows, KEYS_PER_STEP):
-                    delta = self._per_key_delta(keys.slice(lo, KEYS_PER_STEP), t)
+                    delta = recompute(keys.slice(lo, KEYS_PER_STEP), t)
                     out.add(_at_time_table(delta, t), time=_TIME, diff=DIFF)
                 out.finish()
             except BaseException:
@@ -270,9 +280,9 @@ class View(Trace):
         self.refresh()
         return super().changes(since, upto)
 
-    def lookup(self, keys, at=None, read_dictionary=None):
+    def lookup(self, keys, at=None, read_dictionary=None, consolidate=True):
         self.refresh()
-        return super().lookup(keys, at, read_dictionary)
+        return super().lookup(keys, at, read_dictionary, consolidate)
 
     def stats(self) -> dict:
         s = super().stats()
@@ -317,6 +327,8 @@ def _kind(node) -> str:
             if p["at"] is None and p["since"] is None and stored_eligible(
                     _checked_aggs(p), p["trace"].val_schema):
                 return "stored aggregates"
+        if node.op == "top_k" and params(node)["at"] is None:
+            return "stored top k"
         return "per key"
     if node.op == "group_by" and not node.one_shot:
         g = params(node)
@@ -332,6 +344,10 @@ def _kind(node) -> str:
                     and linear and counted):
                 return "linear"
     return "whole"
+
+
+def _names(by) -> list[str]:
+    return [by] if isinstance(by, str) else list(by)
 
 
 def _checked_aggs(p: dict) -> dict:

@@ -49,7 +49,8 @@ def stored_delta(view, aggs: dict, changes: pa.Table
     must recompute, how many it kept). ``changes``: the input's changes at one time."""
     keys = view.key_names
     cols = sorted({c for _, c in aggs.values() if c is not None})
-    per_key = _sorted_runs(changes, keys, cols)
+    extremes = {fn for fn, _ in aggs.values() if fn in ("min", "max")}
+    per_key = _sorted_runs(changes, keys, cols, extremes)
     if per_key is None:
         per_key = _hashed(changes, keys, cols)
     n = per_key.num_rows
@@ -64,6 +65,10 @@ def stored_delta(view, aggs: dict, changes: pa.Table
     fast = np.ones(n, dtype=bool)
     alive = np.ones(n, dtype=bool)
     known = ~retracts          # whether the group is known to keep a row (or be gone)
+    # a key whose row comes out as stored (a change below its maximum, say): neither
+    # retracted nor inserted -- most keys of a small change to a max or min
+    same = had.copy()
+    same[qi] &= old.column("count").to_numpy() == 1
     new_cols = {}
     for name, (fn, c) in aggs.items():
         t = view.val_schema.field(name).type
@@ -97,10 +102,14 @@ def stored_delta(view, aggs: dict, changes: pa.Table
             fast &= stays
             known |= stays
             new_cols[name] = value
+        same &= _bits_equal(new_cols[name], prev)
     fast &= known   # without a count, a group whose extreme left may have emptied
     slow = key_table.filter(pa.array(~fast))
+    kept = int(fast.sum())
+    same &= alive
+    fast &= ~same
     if not fast.any():
-        return None, slow, 0
+        return None, slow, kept
     rows = np.flatnonzero(fast)
     keep = pa.array(rows[alive[rows]])
     inserted = {k: key_table.column(k).take(keep) for k in keys}
@@ -111,7 +120,14 @@ def stored_delta(view, aggs: dict, changes: pa.Table
     # the stored rows of the keys kept here, retracted
     retracted = as_retractions(old.filter(pa.array(fast[qi])), keys + view.val_names)
     return (pa.concat_tables([retracted, pa.table(inserted).cast(delta_schema(view))]),
-            slow, int(fast.sum()))
+            slow, kept)
+
+
+def _bits_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Elementwise equality of the stored bits (0.0 and -0.0 differ, as in the view)."""
+    if a.dtype.kind == "f":
+        return a.view(np.int64) == b.view(np.int64)
+    return a == b
 
 
 def _hashed(changes: pa.Table, keys: list[str], cols: list[str]) -> pa.Table:
@@ -135,9 +151,11 @@ def _hashed(changes: pa.Table, keys: list[str], cols: list[str]) -> pa.Table:
     return per_key.sort_by([(k, "ascending") for k in keys])
 
 
-def _sorted_runs(changes: pa.Table, keys: list[str], cols: list[str]) -> pa.Table | None:
+def _sorted_runs(changes: pa.Table, keys: list[str], cols: list[str], extremes: set
+                 ) -> pa.Table | None:
     """:func:`_hashed`'s table by ``reduceat`` over runs of equal keys, when the changes
-    come sorted by one integer key (a trace's changes at one time do): no hashing."""
+    come sorted by one integer key (a trace's changes at one time do): no hashing, and
+    only the ``extremes`` ("min", "max") the aggregates read."""
     if len(keys) != 1 or changes.num_rows == 0:
         return None
     kcol = changes.column(keys[0])
@@ -165,6 +183,8 @@ def _sorted_runs(changes: pa.Table, keys: list[str], cols: list[str]) -> pa.Tabl
         for side, mask in (("in", up & valid), ("out", down & valid)):
             has = np.add.reduceat(mask.astype(np.int64), starts) == 0
             for fn, red, fill in (("max", np.maximum, lo), ("min", np.minimum, hi)):
+                if fn not in extremes:
+                    continue
                 r = red.reduceat(np.where(mask, v, fill), starts)
                 out[f"{c}__{side}_{fn}"] = pa.array(r, mask=has).cast(t)
     return pa.table(out)

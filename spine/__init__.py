@@ -15,6 +15,7 @@ from arrangedb.spine.data.ingest import Columns, SchemaError, open_batches
 from arrangedb.spine.data.kernels import consolidate, count_through
 from arrangedb.spine.data.layout import ranges
 from arrangedb.spine.data.codes import absolute_codes, codes, is_absolute
+from arrangedb.spine.data.order import sort_rows
 from arrangedb.spine.data.updates import Updates, is_constant
 from arrangedb.spine.read.cursor import (Block, batch_part_blocks, blocks, co_blocks,
                                          part_blocks)
@@ -28,4 +29,5 @@ __all__ = [
     "absolute_codes", "is_absolute",
     "batch_part_blocks", "blocks", "co_blocks", "codes", "consolidate", "count_through",
     "dictionary_schema", "engine_for", "is_constant", "open_batches", "part_blocks", "ranges", "roles",
+    "sort_rows",
 ]

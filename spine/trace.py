@@ -290,12 +290,14 @@ class Trace:
         """Blocks of consecutive keys (see :mod:`arrangedb.spine.read.cursor`)."""
         return blocks(self, at=at, changes=changes, window_rows=window_rows)
 
-    def lookup(self, keys, at: int | None = None, read_dictionary=None) -> pa.Table:
+    def lookup(self, keys, at: int | None = None, read_dictionary=None,
+               consolidate: bool = True) -> pa.Table:
         """Rows for a batch of keys: query_index, key, vals, count (sorted once, walked in
         order; :mod:`arrangedb.spine.read.lookup`). ``read_dictionary``: val columns to
         return as dictionary arrays (int32 codes), taken as codes from the parts that
-        store them dictionary-coded."""
-        return lookup(self, keys, at, read_dictionary)
+        store them dictionary-coded. ``consolidate=False`` (keys distinct and sorted):
+        rows as each batch stores them, counts not yet summed across batches."""
+        return lookup(self, keys, at, read_dictionary, consolidate)
 
     def checkpoint(self, path=None, retain: int = 10) -> int:
         """Make the trace durable in the directory ``path`` (created when missing) as its

@@ -20,15 +20,20 @@ from arrangedb.spine.storage.batch import Batch
 from arrangedb.spine.storage.dictionaries import dictionary_schema
 
 
-def lookup(trace, keys, at: int | None = None, read_dictionary=None) -> pa.Table:
+def lookup(trace, keys, at: int | None = None, read_dictionary=None,
+           consolidate: bool = True) -> pa.Table:
     """Rows for a batch of keys: query_index, key, vals, count (sorted once, walked in
     order). ``read_dictionary``: val columns to return as dictionary arrays (int32
-    codes), taken as codes from the parts that store them dictionary-coded."""
+    codes), taken as codes from the parts that store them dictionary-coded.
+    ``consolidate=False``, for keys given distinct and sorted: each batch's rows of the
+    keys at times through ``at`` as stored, not summed across batches (a row may repeat,
+    its counts summing to its count; a caller that groups the rows itself skips a sort).
+    """
     with trace.ctx.working():   # idle merging waits
-        return _lookup(trace, keys, at, read_dictionary)
+        return _lookup(trace, keys, at, read_dictionary, consolidate)
 
 
-def _lookup(trace, keys, at, read_dictionary) -> pa.Table:
+def _lookup(trace, keys, at, read_dictionary, consolidate=True) -> pa.Table:
     trace.check_read_time(at)
     queries = _key_table(keys, trace.key_schema)
     dictionary = frozenset(read_dictionary or ())
@@ -64,6 +69,11 @@ def _lookup(trace, keys, at, read_dictionary) -> pa.Table:
     upd = Updates.concat(found)
     u = np.concatenate(found_u)
     t = upd.times
+    if not consolidate and distinct_sorted:   # as stored: in query order per batch
+        rows = np.flatnonzero(t <= np.uint64(at)) if at is not None else None
+        if rows is not None and len(rows) < len(t):
+            upd, u = upd.take(rows), u[rows]
+        return _record_table(schema, u, uq.take(u), upd.vals, upd.diffs)
     if sources == 1 and len(t) and t[0] == t[-1] and (at is None or t[0] <= at) \
             and bool(np.all(t == t[0])):
         # one batch at one time: consolidated, in query order, a count per (key, val)

@@ -6,6 +6,8 @@ import json
 import os
 import textwrap
 
+from collections import Counter
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -246,6 +248,13 @@ def test_lookup_of_sorted_distinct_keys_matches_the_general_path(engine, history
         assert sorted(zip(got["k"], got["v"], got["count"])) == expected
         assert [q[i] for i in got["query_index"]] == got["k"]
         assert fast["query_index"].to_numpy().tolist() == sorted(fast["query_index"].to_numpy())
+        # as stored: the same counts once summed per (query, key, val)
+        raw = t.lookup(pa.table({"k": q}), at=at, consolidate=False)
+        summed = Counter()
+        for row in zip(*(raw[c].to_pylist() for c in ("query_index", "k", "v", "count"))):
+            summed[row[:3]] += row[3]
+        assert {r: c for r, c in summed.items() if c} == {row[:3]: row[3] for row in zip(
+            *(fast[c].to_pylist() for c in ("query_index", "k", "v", "count")))}
 
 
 @pytest.mark.parametrize("vals", [["v"], []])
