@@ -51,6 +51,17 @@ def _snapshot(trace, aggs, at, schema):
             yield pa.RecordBatch.from_arrays(columns_of(keys) + arrays, schema=schema)
 
 
+def reduce_of_keys(trace, keys: pa.Table, aggs: dict, at: int) -> pa.Table:
+    """``reduce(trace, aggs, at=at)``'s rows of ``keys`` (distinct, sorted) alone, from
+    one batched lookup: a view's recomputed keys."""
+    aggs = check_aggs(aggs, trace.val_schema, f"trace {trace.name or ''} vals".strip())
+    b = lookup_block(trace, keys, at)
+    keys, arrays, keep = _reduce_block(b, aggs, trace.val_schema)
+    out = pa.Table.from_arrays(columns_of(keys) + arrays,
+                               schema=_agg_schema(trace, aggs, changes=False))
+    return out if keep.all() else out.filter(pa.array(keep))
+
+
 def _rows_equal(a: list[pa.Array], b: list[pa.Array], n: int) -> np.ndarray:
     same = np.ones(n, dtype=bool)
     for x, y in zip(a, b):

@@ -14,7 +14,7 @@ How a change is computed, by the plan's shape:
 
 ``per key``
     An operator over traces whose output is keyed by their key (a join of two traces,
-    ``reduce``, ``distinct``, ``top_k``, ``threshold``): the keys the inputs' changes
+    ``reduce``, ``threshold``): the keys the inputs' changes
     touch are looked up in the inputs (a batched, sorted lookup), the same operator runs
     over just those keys' rows, and the view's old rows of those keys are retracted and
     the new ones inserted -- what differential dataflow's ``reduce`` does. Cost follows
@@ -24,6 +24,14 @@ How a change is computed, by the plan's shape:
     ``reduce`` with counts and sums, minimums and maximums of numbers: most keys' new
     rows come from their stored rows and the changes alone
     (:mod:`arrangedb.ops.view_reduce`); the rest take the per-key path.
+``stored top k``
+    ``top_k``: a key whose retractions stay behind its stored first k (or whose stored
+    rows are its whole group) takes its new first k from them and its changes
+    (:mod:`arrangedb.ops.view_top_k`); the rest are counted from their rows looked up.
+``changed rows``
+    ``distinct``: only the rows the changes name can enter or leave; their counts
+    before and after come from their keys' rows looked up
+    (:mod:`arrangedb.ops.view_distinct`).
 ``linear``
     ``group_by(join(A, B), by, aggs)`` with a count and any sums: the join's changes
     (dA x B + A' x dB, the incremental join) are grouped and added to the groups' stored
@@ -32,7 +40,7 @@ How a change is computed, by the plan's shape:
     Any other plan: it runs again and the difference from the view's contents is
     inserted. Correct for every plan; as costly as the plan; exact at the latest time of
     each refresh (earlier times of one refresh fold onto it). ``stats()["refresh_kind"]``
-    says which of the four a view uses.
+    says which a view uses.
 """
 
 from __future__ import annotations
@@ -44,10 +52,12 @@ import pyarrow as pa
 from arrangedb.ops import plan as _plan
 from arrangedb.ops.aggregate import check_aggs
 from arrangedb.ops.planner import params
+from arrangedb.ops.reduce import reduce_of_keys
 from arrangedb.ops.view_delta import (DIFF, as_retractions, by_time, changed_only,
                                       delta_schema)
 from arrangedb.ops.view_linear import apply_linear, summed_nulls
 from arrangedb.ops.view_reduce import eligible as stored_eligible, stored_delta
+from arrangedb.ops.view_distinct import distinct_changes
 from arrangedb.ops.view_top_k import recomputed_top_k, stored_top_k
 from arrangedb.spine import Columns, Trace, roles
 
@@ -185,6 +195,12 @@ class View(Trace):
                 continue
             out = self.appender()   # one time, many steps: sorted and spilled as they come
             try:
+                if self.kind == "changed rows":   # distinct: rows crossing zero
+                    for delta in distinct_changes(self, self.inputs[0], at_t[0], t,
+                                                  KEYS_PER_STEP):
+                        out.add(_at_time_table(delta, t), time=_TIME, diff=DIFF)
+                    out.finish()
+                    continue
                 if self.kind in ("stored aggregates", "stored top k"):   # most keys from
                     p = params(self.plan._node)                          # their stored rows
                     kept, keys, kept_keys = stored_delta(
@@ -244,6 +260,12 @@ class View(Trace):
         """The view's change at ``time`` for ``keys``: their old rows retracted, the
         operator's output over just their rows inserted."""
         node = self.plan._node
+        if node.op == "reduce":   # the keys' groups reduced straight from the lookup
+            p = params(node)
+            new = reduce_of_keys(p["trace"], keys.rename_columns(p["trace"].key_names),
+                                 p["aggs"], time).rename_columns(
+                                     self.key_names + self.val_names)
+            return self._replacing(keys, new)
         subs = {}
         try:
             for t in self.inputs:   # each input's rows of the touched keys, at ``time``
@@ -259,10 +281,13 @@ class View(Trace):
         finally:
             for sub in subs.values():
                 sub.close()
-        out_keys = keys.rename_columns(self.key_names)
-        old, new = changed_only(self.retractions(out_keys),
-                                 self._new_rows(new).cast(delta_schema(self)),
-                                 self.key_names + self.val_names)
+        return self._replacing(keys, new)
+
+    def _replacing(self, keys: pa.Table, new: pa.Table) -> pa.Table:
+        """The change that replaces the view's rows of ``keys`` by ``new``."""
+        old, new = changed_only(self.retractions(keys.rename_columns(self.key_names)),
+                                self._new_rows(new).cast(delta_schema(self)),
+                                self.key_names + self.val_names)
         return pa.concat_tables([old, new])
 
     def _whole_delta(self) -> pa.Table:
@@ -329,6 +354,8 @@ def _kind(node) -> str:
                 return "stored aggregates"
         if node.op == "top_k" and params(node)["at"] is None:
             return "stored top k"
+        if node.op == "distinct" and params(node)["at"] is None:
+            return "changed rows"
         return "per key"
     if node.op == "group_by" and not node.one_shot:
         g = params(node)

@@ -50,7 +50,8 @@ def stored_delta(view, aggs: dict, changes: pa.Table
     keys = view.key_names
     cols = sorted({c for _, c in aggs.values() if c is not None})
     extremes = {fn for fn, _ in aggs.values() if fn in ("min", "max")}
-    per_key = _sorted_runs(changes, keys, cols, extremes)
+    summed = {c for fn, c in aggs.values() if fn == "sum"}
+    per_key = _sorted_runs(changes, keys, cols, extremes, summed)
     if per_key is None:
         per_key = _hashed(changes, keys, cols)
     n = per_key.num_rows
@@ -151,11 +152,12 @@ def _hashed(changes: pa.Table, keys: list[str], cols: list[str]) -> pa.Table:
     return per_key.sort_by([(k, "ascending") for k in keys])
 
 
-def _sorted_runs(changes: pa.Table, keys: list[str], cols: list[str], extremes: set
-                 ) -> pa.Table | None:
+def _sorted_runs(changes: pa.Table, keys: list[str], cols: list[str], extremes: set,
+                 summed: set) -> pa.Table | None:
     """:func:`_hashed`'s table by ``reduceat`` over runs of equal keys, when the changes
     come sorted by one integer key (a trace's changes at one time do): no hashing, and
-    only the ``extremes`` ("min", "max") the aggregates read."""
+    only what the aggregates read (the ``extremes``, "min" and "max"; weighted sums of
+    the ``summed`` columns)."""
     if len(keys) != 1 or changes.num_rows == 0:
         return None
     kcol = changes.column(keys[0])
@@ -175,9 +177,11 @@ def _sorted_runs(changes: pa.Table, keys: list[str], cols: list[str], extremes: 
         t = col.type
         dtype = np.float64 if pa.types.is_floating(t) else np.int64
         v, valid = _values(col, dtype)
-        out[f"{c}__nulls_sum"] = np.add.reduceat((~valid).astype(np.int64), starts)
-        out[f"{c}__w_sum"] = pa.array(np.add.reduceat(np.where(valid, v * d, 0), starts)
-                                      ).cast(t)
+        out[f"{c}__nulls_sum"] = np.add.reduceat((~valid).astype(np.int64), starts) \
+            if col.null_count else np.zeros(len(starts), np.int64)
+        if c in summed:
+            out[f"{c}__w_sum"] = pa.array(np.add.reduceat(np.where(valid, v * d, 0), starts)
+                                          ).cast(t)
         lo, hi = (-np.inf, np.inf) if dtype is np.float64 else \
             (np.iinfo(np.int64).min, np.iinfo(np.int64).max)
         for side, mask in (("in", up & valid), ("out", down & valid)):

@@ -293,10 +293,8 @@ class Trace:
     def lookup(self, keys, at: int | None = None, read_dictionary=None,
                consolidate: bool = True) -> pa.Table:
         """Rows for a batch of keys: query_index, key, vals, count (sorted once, walked in
-        order; :mod:`arrangedb.spine.read.lookup`). ``read_dictionary``: val columns to
-        return as dictionary arrays (int32 codes), taken as codes from the parts that
-        store them dictionary-coded. ``consolidate=False`` (keys distinct and sorted):
-        rows as each batch stores them, counts not yet summed across batches."""
+        order). ``read_dictionary``: val columns returned as dictionary arrays;
+        ``consolidate=False``: rows as stored (see :mod:`arrangedb.spine.read.lookup`)."""
         return lookup(self, keys, at, read_dictionary, consolidate)
 
     def checkpoint(self, path=None, retain: int = 10) -> int:

@@ -53,6 +53,8 @@ def sort_rows(kc: np.ndarray, vc, times: np.ndarray | None,
     n = len(kc)
     if n < 2:
         return np.arange(n, dtype=np.int64), np.zeros(min(n, 1), np.int64)
+    if _in_order(columns):   # a delta computed in key order: checked in a pass or two
+        return np.arange(n, dtype=np.int64), row_starts(*columns)
     if any(c.dtype.kind not in "iub" for c in columns):
         order = _lsd_order(columns)
         return order, row_starts(*[c[order] for c in columns])
@@ -63,6 +65,23 @@ def sort_rows(kc: np.ndarray, vc, times: np.ndarray | None,
             return order, row_starts(kc[order])
         return packed[0], _starts_of(packed[1])
     return _prefix_order(columns, presorted_runs)
+
+
+def _in_order(columns: list[np.ndarray]) -> bool:
+    """Whether the rows are sorted already (most significant column first). Unsorted
+    input is told by its first column almost always, in one pass."""
+    first = columns[0]
+    if (first[1:] < first[:-1]).any():
+        return False
+    tied = first[1:] == first[:-1]
+    for c in columns[1:]:
+        if not tied.any():
+            return True
+        at = np.flatnonzero(tied)
+        if (c[at + 1] < c[at]).any():
+            return False
+        tied[at] = c[at + 1] == c[at]
+    return True
 
 
 def _starts_of(ties: np.ndarray) -> np.ndarray:
