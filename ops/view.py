@@ -193,7 +193,7 @@ class View(Trace):
         for t, at_t in by_time(changes):
             if sum(c.num_rows for c in at_t) == 0:
                 continue
-            out = self.appender()   # one time, many steps: sorted and spilled as they come
+            out = self.appender(resident=True)   # one time, many steps: sorted as they come
             try:
                 if self.kind == "changed rows":   # distinct: rows crossing zero
                     for delta in distinct_changes(self, self.inputs[0], at_t[0], t,

@@ -164,10 +164,10 @@ class Trace:
             r.description = Description(self._upper, upper, r.description.since)
         return upper
 
-    def appender(self) -> "Appender":
-        """A loader for data that arrives in chunks (see :class:`Appender`)."""
+    def appender(self, resident: bool = False) -> "Appender":
+        """A chunked loader (:class:`Appender`); ``resident``: runs as an insert's."""
         self._check_open()
-        return Appender(self)
+        return Appender(self, resident)
 
     def exert(self, fuel: int) -> None:
         """Spend ``fuel`` units of extra merge work (e.g. while idle)."""
@@ -377,17 +377,17 @@ class Appender:
     and the runs enter the spine together at ``finish`` (merged down only to the read
     fan-in). One ``insert`` per chunk would instead introduce each chunk as a batch and
     pay the spine's merge fuel every time -- work a trace that is filled once and then
-    read never needs.
-    """
+    read never needs."""
 
-    def __init__(self, trace: Trace):
+    def __init__(self, trace: Trace, resident: bool = False):
         self.trace = trace
+        self.resident = resident and trace._checkpoint is None
         self.runs: list[Batch] = []
 
     def add(self, data, time: str | None = None, diff: str | None = None) -> None:
-        t = self.trace
-        t._check_open()
-        self.runs += t.runs.build(data, time, diff, merge=False, lower=t.upper())
+        self.trace._check_open()
+        self.runs += self.trace.runs.build(data, time, diff, merge=False,
+                                           resident=self.resident, lower=self.trace.upper())
 
     def finish(self) -> None:
         """Hand the runs to the trace. If this fails, the trace is as it was and the
