@@ -525,10 +525,11 @@ def test_allocator_tuning_is_applied_once_and_can_be_turned_off():
 
 def test_a_merge_waiting_for_fuel_holds_no_decoded_part(tmp_path):
     """Runs enter the spine with a merge in progress; until fuel reaches it, its readers
-    have decoded nothing, so the budget holds nothing for it."""
+    have decoded nothing, so the budget holds nothing for it. (No idle merger: it would
+    bring fuel whenever the engine rests, between any two lines here.)"""
     from arrangedb import Engine
 
-    with Engine(spill_dir=tmp_path, memory_budget="32MiB") as e:
+    with Engine(spill_dir=tmp_path, memory_budget="32MiB", idle_merge=False) as e:
         keys = np.random.default_rng(3).integers(0, 1 << 40, 2_000_000)
         t = e.arrange(pa.record_batch({"k": keys}), key=["k"])
         assert t.stats()["merges_in_progress"] >= 1
