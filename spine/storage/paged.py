@@ -188,11 +188,12 @@ class PagedPart(Part):
         # one stored (time, diff): decoded (one element each), and the leaf bounds, which
         # then say nothing, are not
         singleton = _stored_length(self.columns["times"][0]) == 1
-        # dense keys are computed, not read; key bounds of one form (a dimension's one
-        # val per key: a stride) are computed at the rows indexed, not decoded whole
+        # dense keys are computed, not read; key bounds stored as offsets are computed
+        # (a dimension's one val per key: a stride) or gathered at the rows indexed, not
+        # decoded whole: a lookup of a few keys pays for those
         bounds = self.columns.get("key_bounds")
-        computed = dense and bounds is not None and bounds[0]["meta"].get("form") in (
-            "stride", "const")
+        computed = bounds is not None and bounds[0]["codec"] == "offsets" and bounds[0][
+            "meta"].get("form") in ("stride", "const", "narrow", "split")
         cols = self._decode((() if dense else ("keys",)) + (() if computed else ("key_bounds",))
                             + (("times", "diffs") if singleton else ("val_bounds",)),
                             self.cache)
