@@ -53,11 +53,11 @@ from arrangedb.ops import plan as _plan
 from arrangedb.ops.aggregate import check_aggs
 from arrangedb.ops.planner import params
 from arrangedb.ops.reduce import reduce_of_keys
-from arrangedb.ops.view_delta import (DIFF, as_retractions, by_time, changed_only,
+from arrangedb.ops.view_delta import (DIFF, as_retractions, by_time, changed_only, key_steps,
                                       delta_schema)
 from arrangedb.ops.view_linear import apply_linear, summed_nulls
 from arrangedb.ops.view_reduce import eligible as stored_eligible, stored_delta
-from arrangedb.ops.view_distinct import distinct_changes
+from arrangedb.ops.view_distinct import distinct_change
 from arrangedb.ops.view_top_k import recomputed_top_k, stored_top_k
 from arrangedb.spine import Columns, Trace, roles
 
@@ -195,37 +195,41 @@ class View(Trace):
                 continue
             out = self.appender(resident=True)   # one time, many steps: sorted as they come
             try:
-                if self.kind == "changed rows":   # distinct: rows crossing zero
-                    for delta in distinct_changes(self, self.inputs[0], at_t[0], t,
-                                                  KEYS_PER_STEP):
+                for delta in self._deltas(at_t, t):
+                    if delta is not None and delta.num_rows:
                         out.add(_at_time_table(delta, t), time=_TIME, diff=DIFF)
-                    out.finish()
-                    continue
-                if self.kind in ("stored aggregates", "stored top k"):   # most keys from
-                    p = params(self.plan._node)                          # their stored rows
-                    kept, keys, kept_keys = stored_delta(
-                        self, _checked_aggs(p), at_t[0]) if self.kind == "stored aggregates" \
-                        else stored_top_k(self, p["k"], _names(p["by"]), p["descending"],
-                                          at_t[0])
-                    self.keys_from_state += kept_keys
-                    if kept is not None:
-                        out.add(_at_time_table(kept, t), time=_TIME, diff=DIFF)
-                else:
-                    keys = self._touched_keys(at_t)
-                self.keys_recomputed += keys.num_rows
-                recompute = self._per_key_delta
-                if self.kind == "stored top k":   # the first k from the looked-up rows
-                    p = params(self.plan._node)
-                    recompute = lambda keys, t: recomputed_top_k(   # noqa: E731
-                        self, p["k"], _names(p["by"]), p["descending"], self.inputs[0],
-                        keys, t)
-                for lo in range(0, keys.num_rows, KEYS_PER_STEP):
-                    delta = recompute(keys.slice(lo, KEYS_PER_STEP), t)
-                    out.add(_at_time_table(delta, t), time=_TIME, diff=DIFF)
                 out.finish()
             except BaseException:
                 out.abort()
                 raise
+
+    def _deltas(self, changes: list[pa.Table], time: int):
+        """The view's change at ``time`` from its inputs' ``changes`` at that time, in
+        pieces of at most ``KEYS_PER_STEP`` touched keys."""
+        p = params(self.plan._node)
+        if self.kind == "changed rows":   # distinct: rows whose count crosses zero
+            for step, key_of in key_steps(changes[0], self.key_names, KEYS_PER_STEP):
+                yield distinct_change(self, self.inputs[0], step, time, key_of)
+            return
+        if self.kind == "stored top k":   # most keys from their stored first k
+            top = (p["k"], _names(p["by"]), p["descending"])
+            for step, key_of in key_steps(changes[0], self.key_names, KEYS_PER_STEP):
+                kept, slow, kept_keys = stored_top_k(self, *top, step, key_of)
+                self.keys_from_state += kept_keys
+                self.keys_recomputed += slow.num_rows
+                yield kept
+                if slow.num_rows:   # the others from their rows looked up
+                    yield recomputed_top_k(self, *top, self.inputs[0], slow, time)
+            return
+        if self.kind == "stored aggregates":   # most keys from their stored rows
+            kept, keys, kept_keys = stored_delta(self, _checked_aggs(p), changes[0])
+            self.keys_from_state += kept_keys
+            yield kept
+        else:
+            keys = self._touched_keys(changes)
+        self.keys_recomputed += keys.num_rows
+        for lo in range(0, keys.num_rows, KEYS_PER_STEP):
+            yield self._per_key_delta(keys.slice(lo, KEYS_PER_STEP), time)
 
     def insert_delta(self, delta: pa.Table | None, time: int) -> None:
         """Insert rows with a ``__view_diff`` column, at ``time``."""

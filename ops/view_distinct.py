@@ -17,27 +17,10 @@ from arrangedb.ops.view_delta import DIFF, delta_schema
 from arrangedb.spine import codes, sort_rows
 
 
-def distinct_changes(view, trace, changes: pa.Table, time: int, keys_per_step: int):
-    """The view's change at ``time`` (tables, ``keys_per_step`` touched keys at a time)
-    from ``changes``, the input ``trace``'s changes at that time."""
-    keys = view.key_names
-    kc = codes([changes], keys)[0]
-    if len(kc) > 1 and (kc[1:] < kc[:-1]).any():   # a trace's changes come sorted by key
-        order = np.argsort(kc, kind="stable")
-        changes, kc = changes.take(pa.array(order)), kc[order]
-    first = np.ones(len(kc), dtype=bool)
-    first[1:] = kc[1:] != kc[:-1]
-    starts = np.append(np.flatnonzero(first), len(kc))
-    for lo in range(0, len(starts) - 1, keys_per_step):
-        hi = min(lo + keys_per_step, len(starts) - 1)
-        step = changes.slice(starts[lo], starts[hi] - starts[lo])
-        yield _change(view, trace, step, time, np.cumsum(first[starts[lo]:starts[hi]]) - 1)
-
-
-MAX_SLOTS = 16   # a key's changed rows matched one slot at a time up to this; else a sort
-
-
-def _change(view, trace, changes: pa.Table, time: int, key_of: np.ndarray) -> pa.Table:
+def distinct_change(view, trace, changes: pa.Table, time: int, key_of: np.ndarray
+                    ) -> pa.Table:
+    """The view's change at ``time`` from ``changes``, the input ``trace``'s changes at
+    that time, sorted by key (``key_of``: each row's key index, from 0)."""
     cols = view.key_names + view.val_names
     new_key = np.concatenate([[True], key_of[1:] != key_of[:-1]])
     key_table = changes.select(view.key_names).filter(pa.array(new_key))
@@ -54,6 +37,9 @@ def _change(view, trace, changes: pa.Table, time: int, key_of: np.ndarray) -> pa
     moved = np.flatnonzero(change)
     return named.take(pa.array(moved)).append_column(
         DIFF, pa.array(change[moved], pa.int64())).cast(delta_schema(view))
+
+
+MAX_SLOTS = 16   # a key's changed rows matched one slot at a time up to this; else a sort
 
 
 def _counts_at(key: np.ndarray, val: np.ndarray, row_key: np.ndarray, row_val: np.ndarray,

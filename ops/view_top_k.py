@@ -24,18 +24,13 @@ from arrangedb.ops.view_delta import DIFF, delta_schema
 from arrangedb.spine import codes, sort_rows
 
 
-def stored_top_k(view, k: int, by: list[str], descending: bool, changes: pa.Table
-                 ) -> tuple[pa.Table | None, pa.Table, int]:
+def stored_top_k(view, k: int, by: list[str], descending: bool, changes: pa.Table,
+                 key_of: np.ndarray) -> tuple[pa.Table | None, pa.Table, int]:
     """(the view's change for the keys it can keep from their stored rows, the keys it
-    must recompute, how many it kept). ``changes``: the input's changes at one time."""
+    must recompute, how many it kept). ``changes``: the input's changes at one time,
+    sorted by key (``key_of``: each row's key index, from 0)."""
     keys, cols = view.key_names, view.key_names + view.val_names
-    kc = codes([changes], keys)[0]
-    if len(kc) > 1 and (kc[1:] < kc[:-1]).any():   # a trace's changes come sorted by key
-        order = np.argsort(kc, kind="stable")
-        changes, kc = changes.take(pa.array(order)), kc[order]
-    first = np.ones(len(kc), dtype=bool)
-    first[1:] = kc[1:] != kc[:-1]
-    key_of = np.cumsum(first) - 1                  # each change's touched key
+    first = np.concatenate([[True], key_of[1:] != key_of[:-1]])
     key_table = changes.select(keys).filter(pa.array(first))
     n = key_table.num_rows
     old = view.stored_rows(key_table)

@@ -215,15 +215,19 @@ def test_a_refresh_in_many_steps_equals_one_in_one(tmp_path, monkeypatch):
 
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 2 ** 16), k=st.integers(1, 4), descending=st.booleans(),
-       by=st.sampled_from(["x", "y", ["y", "x"], ["x", "y"]]), repeats=st.booleans())
+       by=st.sampled_from(["x", "y", ["y", "x"], ["x", "y"]]), repeats=st.booleans(),
+       step=st.sampled_from([3, 1 << 15]))
 def test_a_top_k_view_kept_from_its_stored_rows_equals_top_k(tmp_path_factory, seed, k,
-                                                              descending, by, repeats):
+                                                              descending, by, repeats, step):
     """Keys whose retractions stay behind their stored first k take their new rows from
     the stored ones and the changes; the view reads as ``top_k`` run afresh, ties,
-    repeated rows (counts above 1) and nulls included."""
+    repeated rows (counts above 1) and nulls included, in steps of any number of keys."""
+    from arrangedb.ops import view as view_module
+
     rng = np.random.default_rng(seed)
-    with arrangedb.Engine(spill_dir=tmp_path_factory.mktemp("top_k"),
-                          memory_budget="64MiB") as e:
+    with pytest.MonkeyPatch.context() as patch, arrangedb.Engine(
+            spill_dir=tmp_path_factory.mktemp("top_k"), memory_budget="64MiB") as e:
+        patch.setattr(view_module, "KEYS_PER_STEP", step)
         start = _facts(rng, 200, 12, False)
         if repeats:   # the same rows again: counts of 2
             start = pa.concat_tables([start, start.slice(0, 80)])
