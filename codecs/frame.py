@@ -201,23 +201,17 @@ def decode_as_float(meta, buffers, start, stop) -> np.ndarray | None:
     of at most 4 bytes and a base whose sum with any of them stays below 2**53 -- every
     value is then an integer float64 holds exactly, and so is each addition. Else None.
     """
-    if meta.get("form") != "for" or meta.get("width") not in (1, 2, 4):
-        return None
-    width = meta["width"]
-    base = int(np.uint64(meta["base"] % 2 ** 64).view(np.int64))
-    if not -(1 << 53) < base < (1 << 53) - (1 << (8 * width)):
-        return None
-    expect_buffers(buffers, 1)
-    n = meta_length(meta)
-    out = view_as(buffers[0], f"u{width}", n, "for residuals")[start:stop].astype(np.float64)
-    if base:
-        out += np.float64(base)
-    return out
+    return _as_float(meta, buffers, slice(start, stop))
 
 
 def take_as_float(meta, buffers, rows: np.ndarray) -> np.ndarray | None:
     """:func:`decode_as_float` at ``rows``: the narrow residuals gathered and converted
     in one step, when that is exact; else None."""
+    return _as_float(meta, buffers, rows)
+
+
+def _as_float(meta, buffers, at) -> np.ndarray | None:
+    """The residuals at ``at`` (a slice or rows) plus the base, as float64, if exact."""
     if meta.get("form") != "for" or meta.get("width") not in (1, 2, 4):
         return None
     width = meta["width"]
@@ -225,8 +219,8 @@ def take_as_float(meta, buffers, rows: np.ndarray) -> np.ndarray | None:
     if not -(1 << 53) < base < (1 << 53) - (1 << (8 * width)):
         return None
     expect_buffers(buffers, 1)
-    resid = view_as(buffers[0], f"u{width}", meta_length(meta), "for residuals")
-    out = resid[rows].astype(np.float64)
+    out = view_as(buffers[0], f"u{width}", meta_length(meta), "for residuals")[at].astype(
+        np.float64)
     if base:
         out += np.float64(base)
     return out
@@ -235,24 +229,32 @@ def take_as_float(meta, buffers, rows: np.ndarray) -> np.ndarray | None:
 def _take_values(dt, meta, buffers, rows: np.ndarray) -> np.ndarray | None:
     """The values at ``rows`` of the ``for`` and ``stride`` forms; None for ``delta``
     (a running sum: the prefix must be decoded)."""
+    if meta["form"] == "delta":
+        return None
+    return _values_at(dt, meta, buffers, meta_length(meta), rows)
+
+
+def _values_at(dt, meta, buffers, n, at) -> np.ndarray:
+    """The ``for`` or ``stride`` form's values at ``at``: a slice (with bounds) or rows."""
     u = _unsigned(dt)
     width = meta["width"]
     check(width in (0, 1, 2, 4, 8) and width <= dt.itemsize, f"bad width {width!r}")
     base = u.type(meta["base"] % 2 ** (8 * u.itemsize))
+    sliced = isinstance(at, slice)
     if meta["form"] == "for":
         if width == 0:
             expect_buffers(buffers, 0)
-            return np.full(len(rows), base, dtype=u).view(dt)
+            return np.full(at.stop - at.start if sliced else len(at), base, dtype=u).view(dt)
         expect_buffers(buffers, 1)
-        resid = view_as(buffers[0], f"u{width}", meta_length(meta), "for residuals")
-        out = resid[rows].astype(u)
+        out = view_as(buffers[0], f"u{width}", n, "for residuals")[at].astype(u)
         out += base
         return out.view(dt)
-    if meta["form"] == "stride":
+    if meta["form"] == "stride":   # base, base + step, ...: sorted input, constant gaps
         expect_buffers(buffers, 0)
         step = meta["step"]
         check(type(step) is int and 0 <= step < 2 ** (8 * u.itemsize), f"bad step {step!r}")
-        out = rows.astype(u)
+        check(width == 0 and not meta.get("validity"), "stride form with residuals or nulls")
+        out = np.arange(at.start, at.stop, dtype=u) if sliced else at.astype(u)
         out *= u.type(step)
         out += base
         return out.view(dt)
@@ -261,29 +263,12 @@ def _take_values(dt, meta, buffers, rows: np.ndarray) -> np.ndarray | None:
 
 
 def _decode_values(dt, meta, buffers, n, start, stop) -> np.ndarray:
+    if meta["form"] != "delta":
+        return _values_at(dt, meta, buffers, n, slice(start, stop))
     u = _unsigned(dt)
     width = meta["width"]
     check(width in (0, 1, 2, 4, 8) and width <= dt.itemsize, f"bad width {width!r}")
     base = u.type(meta["base"] % 2 ** (8 * u.itemsize))
-    if meta["form"] == "for":
-        if width == 0:
-            expect_buffers(buffers, 0)
-            return np.full(stop - start, base, dtype=u).view(dt)
-        expect_buffers(buffers, 1)
-        resid = view_as(buffers[0], f"u{width}", n, "for residuals")[start:stop]
-        out = resid.astype(u)
-        out += base
-        return out.view(dt)
-    if meta["form"] == "stride":   # base, base + step, ...: sorted input, constant gaps
-        expect_buffers(buffers, 0)
-        step = meta["step"]
-        check(type(step) is int and 0 <= step < 2 ** (8 * u.itemsize), f"bad step {step!r}")
-        check(width == 0 and not meta.get("validity"), "stride form with residuals or nulls")
-        out = np.arange(start, stop, dtype=u)
-        out *= u.type(step)
-        out += base
-        return out.view(dt)
-    check(meta["form"] == "delta", f"unknown for form {meta['form']!r}")
     expect_buffers(buffers, 1)
     deltas = view_as(buffers[0], f"u{width}", max(n - 1, 0), "for deltas")
     out = np.empty(stop, dtype=u)
