@@ -13,6 +13,11 @@ from arrangedb.spine import ranges
 DEFAULT_BATCH_ROWS = 1 << 16
 
 
+def names(by) -> list[str]:
+    """A column name or a list of them, as a list."""
+    return [by] if isinstance(by, str) else list(by)
+
+
 def columns_of(table: pa.Table | None) -> list[pa.Array]:
     """The table's columns as arrays (a lone chunk as it is: combining one costs ~30 us)."""
     if table is None:

@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from arrangedb.ops.aggregate import check_aggs
+from arrangedb.ops.common import names
 from arrangedb.ops.join import dictionary_readable, prefixed_names
 from arrangedb.ops.join_group_by import pushdown_side
 from arrangedb.ops.partials import plain_schema
@@ -60,10 +61,6 @@ def _joined(node: Node):
     return g, params(stream._node)
 
 
-def _names(by) -> list[str]:
-    return [by] if isinstance(by, str) else list(by)
-
-
 # -- rules ------------------------------------------------------------------------------------
 
 def eager_aggregation(node: Node) -> Node | None:
@@ -73,7 +70,7 @@ def eager_aggregation(node: Node) -> Node | None:
     g, j = found
     if j["since"] is not None or g["weight"] not in (None, "count"):
         return None
-    left, right, by = j["left"], j["right"], _names(g["by"])
+    left, right, by = j["left"], j["right"], names(g["by"])
     aggs = check_aggs(g["aggs"], plain_schema(g["stream"].schema), "the join's output")
     side = pushdown_side(left, right, by, aggs, j["how"])
     if side is None:
@@ -97,12 +94,12 @@ def dictionary_codes(node: Node) -> Node | None:
         return None
     g, j = found
     left, right = j["left"], j["right"]
-    asked = _names(j["read_dictionary"] or [])
+    asked = names(j["read_dictionary"] or [])
     lnames, rnames = prefixed_names(left.key_names, left.val_names, right.val_names)
     vals = {n: f.type for n, f in zip(lnames, left.val_schema or [])}
     if j["how"] in ("inner", "left"):
         vals.update((n, f.type) for n, f in zip(rnames, right.val_schema or []))
-    wanted = [b for b in _names(g["by"]) if b in vals and b not in asked
+    wanted = [b for b in names(g["by"]) if b in vals and b not in asked
               and dictionary_readable(vals[b]) and not pa.types.is_integer(vals[b])]
     if not wanted:
         return None

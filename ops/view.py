@@ -51,6 +51,7 @@ import pyarrow as pa
 
 from arrangedb.ops import plan as _plan
 from arrangedb.ops.aggregate import check_aggs
+from arrangedb.ops.common import names
 from arrangedb.ops.planner import params
 from arrangedb.ops.reduce import reduce_of_keys
 from arrangedb.ops.view_delta import (DIFF, as_retractions, by_time, changed_only, key_steps,
@@ -208,13 +209,13 @@ class View(Trace):
         pieces of at most ``KEYS_PER_STEP`` touched keys."""
         p = params(self.plan._node)
         if self.kind == "changed rows":   # distinct: rows whose count crosses zero
-            for step, key_of in key_steps(changes[0], self.key_names, KEYS_PER_STEP):
-                yield distinct_change(self, self.inputs[0], step, time, key_of)
+            for step in key_steps(changes[0], self.key_names, KEYS_PER_STEP):
+                yield distinct_change(self, self.inputs[0], *step, time)
             return
         if self.kind == "stored top k":   # most keys from their stored first k
-            top = (p["k"], _names(p["by"]), p["descending"])
-            for step, key_of in key_steps(changes[0], self.key_names, KEYS_PER_STEP):
-                kept, slow, kept_keys = stored_top_k(self, *top, step, key_of)
+            top = (p["k"], names(p["by"]), p["descending"])
+            for step in key_steps(changes[0], self.key_names, KEYS_PER_STEP):
+                kept, slow, kept_keys = stored_top_k(self, *top, *step)
                 self.keys_from_state += kept_keys
                 self.keys_recomputed += slow.num_rows
                 yield kept
@@ -377,10 +378,6 @@ def _kind(node) -> str:
     return "whole"
 
 
-def _names(by) -> list[str]:
-    return [by] if isinstance(by, str) else list(by)
-
-
 def _checked_aggs(p: dict) -> dict:
     """A reduce's aggregates as it reads them ((function, column) per output)."""
     return check_aggs(p["aggs"], p["trace"].val_schema, "the view's input")
@@ -388,8 +385,7 @@ def _checked_aggs(p: dict) -> dict:
 
 def _default_key(node) -> list[str]:
     if node.op == "group_by":
-        by = params(node)["by"]
-        return [by] if isinstance(by, str) else list(by)
+        return names(params(node)["by"])
     direct = [x for x in node.inputs() if isinstance(x, Trace)]
     if node.op in PER_KEY_OPS and direct:
         return list(direct[0].key_names)

@@ -43,8 +43,9 @@ def by_time(changes: list[pa.Table]):
 
 
 def key_steps(changes: pa.Table, keys: list[str], keys_per_step: int):
-    """``changes`` in slices of at most ``keys_per_step`` keys, in key order, each with
-    its rows' key index (0, 1, ... within the slice): what bounds a refresh's memory."""
+    """``changes`` in slices of at most ``keys_per_step`` keys, in key order: (the
+    slice, its rows' key index -- 0, 1, ... within it --, its distinct keys). What
+    bounds a refresh's memory."""
     kc = codes([changes], keys)[0]
     if len(kc) > 1 and (kc[1:] < kc[:-1]).any():   # a trace's changes come sorted by key
         order = np.argsort(kc, kind="stable")
@@ -54,8 +55,9 @@ def key_steps(changes: pa.Table, keys: list[str], keys_per_step: int):
     starts = np.append(np.flatnonzero(first), len(kc))
     for lo in range(0, len(starts) - 1, keys_per_step):
         hi = min(lo + keys_per_step, len(starts) - 1)
-        yield (changes.slice(starts[lo], starts[hi] - starts[lo]),
-               np.cumsum(first[starts[lo]:starts[hi]]) - 1)
+        step = changes.slice(starts[lo], starts[hi] - starts[lo])
+        new_key = first[starts[lo]:starts[hi]]
+        yield step, np.cumsum(new_key) - 1, step.select(keys).filter(pa.array(new_key))
 
 
 def changed_only(old: pa.Table, new: pa.Table, cols: list[str]

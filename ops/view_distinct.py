@@ -17,13 +17,12 @@ from arrangedb.ops.view_delta import DIFF, delta_schema
 from arrangedb.spine import codes, sort_rows
 
 
-def distinct_change(view, trace, changes: pa.Table, time: int, key_of: np.ndarray
-                    ) -> pa.Table:
+def distinct_change(view, trace, changes: pa.Table, key_of: np.ndarray,
+                    key_table: pa.Table, time: int) -> pa.Table:
     """The view's change at ``time`` from ``changes``, the input ``trace``'s changes at
-    that time, sorted by key (``key_of``: each row's key index, from 0)."""
+    that time, sorted by key (``key_of``: each row's key index, from 0, into the
+    distinct ``key_table``)."""
     cols = view.key_names + view.val_names
-    new_key = np.concatenate([[True], key_of[1:] != key_of[:-1]])
-    key_table = changes.select(view.key_names).filter(pa.array(new_key))
     rows = trace.lookup(key_table.rename_columns(trace.key_names), at=time, consolidate=False)
     named = changes.select(cols)
     n = changes.num_rows

@@ -25,13 +25,13 @@ from arrangedb.spine import codes, sort_rows
 
 
 def stored_top_k(view, k: int, by: list[str], descending: bool, changes: pa.Table,
-                 key_of: np.ndarray) -> tuple[pa.Table | None, pa.Table, int]:
+                 key_of: np.ndarray, key_table: pa.Table
+                 ) -> tuple[pa.Table | None, pa.Table, int]:
     """(the view's change for the keys it can keep from their stored rows, the keys it
     must recompute, how many it kept). ``changes``: the input's changes at one time,
-    sorted by key (``key_of``: each row's key index, from 0)."""
-    keys, cols = view.key_names, view.key_names + view.val_names
-    first = np.concatenate([[True], key_of[1:] != key_of[:-1]])
-    key_table = changes.select(keys).filter(pa.array(first))
+    sorted by key (``key_of``: each row's key index, from 0, into the distinct
+    ``key_table``)."""
+    cols = view.key_names + view.val_names
     n = key_table.num_rows
     old = view.stored_rows(key_table)
     qi = old.column("query_index").to_numpy()
@@ -76,13 +76,12 @@ def recomputed_top_k(view, k: int, by: list[str], descending: bool, trace, keys:
             old.select(cols).schema), old.select(cols)])
     count = rows.column("count").to_numpy()
     stored = old.column("count").to_numpy()
-    zeros = np.zeros
     return _change(view, k, by, both,
                    np.concatenate([rows.column("query_index").to_numpy(),
                                    old.column("query_index").to_numpy()]),
                    _rank(codes([both], by)[0], descending),
-                   np.concatenate([count, zeros(len(stored), np.int64)]),
-                   np.concatenate([zeros(len(count), np.int64), stored]))
+                   np.concatenate([count, np.zeros(len(stored), np.int64)]),
+                   np.concatenate([np.zeros(len(count), np.int64), stored]))
 
 
 def _change(view, k, by, rows: pa.Table, key: np.ndarray, rank: np.ndarray,
