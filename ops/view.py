@@ -222,15 +222,21 @@ class View(Trace):
                 if slow.num_rows:   # the others from their rows looked up
                     yield recomputed_top_k(self, *top, self.inputs[0], slow, time)
             return
+        stored = None   # the touched keys' rows in the view, when already looked up
         if self.kind == "stored aggregates":   # most keys from their stored rows
-            kept, keys, kept_keys = stored_delta(self, _checked_aggs(p), changes[0])
+            kept, keys, kept_keys, stored = stored_delta(self, _checked_aggs(p), changes[0])
             self.keys_from_state += kept_keys
             yield kept
         else:
             keys = self._touched_keys(changes)
         self.keys_recomputed += keys.num_rows
         for lo in range(0, keys.num_rows, KEYS_PER_STEP):
-            yield self._per_key_delta(keys.slice(lo, KEYS_PER_STEP), time)
+            old = None
+            if stored is not None:
+                qi = stored.column("query_index").to_numpy()
+                a, b = np.searchsorted(qi, [lo, lo + KEYS_PER_STEP])
+                old = stored.slice(a, b - a)
+            yield self._per_key_delta(keys.slice(lo, KEYS_PER_STEP), time, old)
 
     def insert_delta(self, delta: pa.Table | None, time: int) -> None:
         """Insert rows with a ``__view_diff`` column, at ``time``."""
@@ -261,16 +267,18 @@ class View(Trace):
         return keys.group_by(first.key_names).aggregate([]).sort_by(
             [(k, "ascending") for k in first.key_names])
 
-    def _per_key_delta(self, keys: pa.Table, time: int) -> pa.Table:
-        """The view's change at ``time`` for ``keys``: their old rows retracted, the
-        operator's output over just their rows inserted."""
+    def _per_key_delta(self, keys: pa.Table, time: int, old: pa.Table | None = None
+                       ) -> pa.Table:
+        """The view's change at ``time`` for ``keys``: their old rows (``old``, the
+        view's rows of them if already looked up) retracted, the operator's output over
+        just their rows inserted."""
         node = self.plan._node
         if node.op == "reduce":   # the keys' groups reduced straight from the lookup
             p = params(node)
             new = reduce_of_keys(p["trace"], keys.rename_columns(p["trace"].key_names),
                                  p["aggs"], time).rename_columns(
                                      self.key_names + self.val_names)
-            return self._replacing(keys, new)
+            return self._replacing(keys, new, old)
         subs = {}
         try:
             for t in self.inputs:   # each input's rows of the touched keys, at ``time``
@@ -286,11 +294,15 @@ class View(Trace):
         finally:
             for sub in subs.values():
                 sub.close()
-        return self._replacing(keys, new)
+        return self._replacing(keys, new, old)
 
-    def _replacing(self, keys: pa.Table, new: pa.Table) -> pa.Table:
-        """The change that replaces the view's rows of ``keys`` by ``new``."""
-        old, new = changed_only(self.retractions(keys.rename_columns(self.key_names)),
+    def _replacing(self, keys: pa.Table, new: pa.Table, old: pa.Table | None = None
+                   ) -> pa.Table:
+        """The change that replaces the view's rows of ``keys`` (``old``, if already
+        looked up) by ``new``."""
+        if old is None:
+            old = self.stored_rows(keys.rename_columns(self.key_names))
+        old, new = changed_only(as_retractions(old, self.key_names + self.val_names),
                                 self._new_rows(new).cast(delta_schema(self)),
                                 self.key_names + self.val_names)
         return pa.concat_tables([old, new])

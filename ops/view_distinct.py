@@ -26,8 +26,9 @@ def distinct_change(view, trace, changes: pa.Table, key_of: np.ndarray,
     rows = trace.lookup(key_table.rename_columns(trace.key_names), at=time, consolidate=False)
     named = changes.select(cols)
     n = changes.num_rows
-    both = pa.concat_tables([named, rows.drop_columns(["query_index", "count"])
-                            .rename_columns(cols).cast(named.schema)])
+    changed = named.select(view.val_names)
+    both = pa.concat_tables([changed, rows.select(trace.val_names)
+                             .rename_columns(view.val_names).cast(changed.schema)])
     val = codes([both], view.val_names)[0]
     after = _counts_at(key_of, val[:n], rows.column("query_index").to_numpy(), val[n:],
                        rows.column("count").to_numpy())

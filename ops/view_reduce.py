@@ -44,9 +44,12 @@ def _values(arr, dtype) -> tuple[np.ndarray, np.ndarray]:
 
 
 def stored_delta(view, aggs: dict, changes: pa.Table
-                 ) -> tuple[pa.Table | None, pa.Table, int]:
+                 ) -> tuple[pa.Table | None, pa.Table, int, pa.Table]:
     """(the view's change for the keys it can keep from their stored rows, the keys it
-    must recompute, how many it kept). ``changes``: the input's changes at one time."""
+    must recompute, how many it kept, the stored rows of the keys to recompute -- a
+    lookup's columns, ``query_index`` the key's position among them: what their
+    recompute retracts, not looked up twice). ``changes``: the input's changes at one
+    time."""
     keys = view.key_names
     cols = sorted({c for _, c in aggs.values() if c is not None})
     extremes = {fn for fn, _ in aggs.values() if fn in ("min", "max")}
@@ -106,11 +109,12 @@ def stored_delta(view, aggs: dict, changes: pa.Table
         same &= _bits_equal(new_cols[name], prev)
     fast &= known   # without a count, a group whose extreme left may have emptied
     slow = key_table.filter(pa.array(~fast))
+    slow_stored = _rows_of(old, qi, ~fast)
     kept = int(fast.sum())
     same &= alive
     fast &= ~same
     if not fast.any():
-        return None, slow, kept
+        return None, slow, kept, slow_stored
     rows = np.flatnonzero(fast)
     keep = pa.array(rows[alive[rows]])
     inserted = {k: key_table.column(k).take(keep) for k in keys}
@@ -121,7 +125,16 @@ def stored_delta(view, aggs: dict, changes: pa.Table
     # the stored rows of the keys kept here, retracted
     retracted = as_retractions(old.filter(pa.array(fast[qi])), keys + view.val_names)
     return (pa.concat_tables([retracted, pa.table(inserted).cast(delta_schema(view))]),
-            slow, kept)
+            slow, kept, slow_stored)
+
+
+def _rows_of(looked_up: pa.Table, qi: np.ndarray, chosen: np.ndarray) -> pa.Table:
+    """The rows of a lookup whose query is ``chosen``, their ``query_index`` renumbered
+    to the position among the chosen queries."""
+    rows = chosen[qi]
+    position = np.cumsum(chosen) - 1
+    return looked_up.filter(pa.array(rows)).set_column(
+        0, "query_index", pa.array(position[qi[rows]]))
 
 
 def _bits_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:

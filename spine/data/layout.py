@@ -232,12 +232,23 @@ def select_keys(part: PartLayout, key_index: np.ndarray) -> tuple[Updates, np.nd
     a large part pays for those keys, not for the part. Returns the updates and, per
     update, the position in ``key_index`` it belongs to.
     """
+    vals, times, diffs, owner = select_vals(part, key_index)
+    return Updates(part.keys.take(key_index[owner]), vals, times, diffs), owner
+
+
+def select_vals(part: PartLayout, key_index: np.ndarray
+                ) -> tuple[pa.Table | None, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`select_keys` without the keys, for a caller that knows them (a lookup):
+    (vals, times, diffs, owner) of the selected keys' updates."""
     if part.vals is None:
         leaves, k_lens = key_index, None
     else:
-        kb = part.key_bounds          # indexed before widening: no copy of the whole part's
-        k_first = kb[key_index].astype(np.int64)
-        k_lens = kb[key_index + 1].astype(np.int64) - k_first
+        # indexed before widening: no copy of the whole part's; one gather of both ends
+        # (a paged part's bounds are read at the rows)
+        n = len(key_index)
+        ends = part.key_bounds[np.concatenate([key_index, key_index + 1])].astype(np.int64)
+        k_first = ends[:n]
+        k_lens = ends[n:] - k_first
         if (k_lens == 1).all():       # one val per key (a dimension table)
             leaves, k_lens = k_first, None
         else:
@@ -246,10 +257,9 @@ def select_keys(part: PartLayout, key_index: np.ndarray) -> tuple[Updates, np.nd
         # one stored (time, diff) for the whole part: every leaf is one update of it
         n = len(leaves)
         owner = np.arange(n) if k_lens is None else np.repeat(np.arange(len(key_index)), k_lens)
-        keys = part.keys.take(key_index if k_lens is None else key_index[owner])
         vals = part.vals.take(leaves) if part.vals is not None else None
-        return Updates(keys, vals, constant(part.times[0], n, np.uint64),
-                       constant(part.diffs[0], n, np.int64)), owner
+        return (vals, constant(part.times[0], n, np.uint64), constant(part.diffs[0], n, np.int64),
+                owner)
     if k_lens is None:
         k_lens = np.ones(len(key_index), dtype=np.int64)
     bounds = part.val_bounds if part.vals is not None else part.key_bounds
@@ -260,6 +270,5 @@ def select_keys(part: PartLayout, key_index: np.ndarray) -> tuple[Updates, np.nd
     upd_idx = ranges(starts, counts)
     leaf_owner = np.repeat(np.arange(len(key_index)), k_lens)
     owner = np.repeat(leaf_owner, counts)
-    keys = part.keys.take(key_index[owner])
     vals = part.vals.take(np.repeat(leaves, counts)) if part.vals is not None else None
-    return Updates(keys, vals, part.times[upd_idx], part.diffs[upd_idx]), owner
+    return vals, part.times[upd_idx], part.diffs[upd_idx], owner

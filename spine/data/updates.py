@@ -53,7 +53,7 @@ def _take_column(a: np.ndarray, indices: np.ndarray) -> np.ndarray:
     return constant(a[0], len(indices), a.dtype) if is_constant(a) else a[indices]
 
 
-def _concat_column(arrays: list[np.ndarray], dtype) -> np.ndarray:
+def concat_column(arrays: list[np.ndarray], dtype) -> np.ndarray:
     """Concatenated, staying a stride-0 view when every piece holds one and the same
     value (ingest of input without time/diff columns: no 16 bytes per row to fill)."""
     first = arrays[0][0]
@@ -101,8 +101,8 @@ class Updates:
             return parts[0]
         keys = pa.concat_tables([p.keys for p in parts])
         vals = pa.concat_tables([p.vals for p in parts]) if parts[0].vals is not None else None
-        return Updates(keys, vals, _concat_column([p.times for p in parts], np.uint64),
-                       _concat_column([p.diffs for p in parts], np.int64))
+        return Updates(keys, vals, concat_column([p.times for p in parts], np.uint64),
+                       concat_column([p.diffs for p in parts], np.int64))
 
     @staticmethod
     def empty(key_schema: pa.Schema, val_schema: pa.Schema | None) -> "Updates":

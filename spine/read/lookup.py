@@ -11,10 +11,10 @@ import pyarrow as pa
 from arrangedb.spine.data import roles
 from arrangedb.spine.data.ingest import SchemaError, cast_column
 from arrangedb.spine.data.kernels import accumulate
-from arrangedb.spine.data.layout import ranges, select_keys
+from arrangedb.spine.data.layout import ranges, select_vals
 from arrangedb.spine.data.codes import codes
 from arrangedb.spine.data.order import sort_order
-from arrangedb.spine.data.updates import Updates
+from arrangedb.spine.data.updates import Updates, concat_column
 from arrangedb.spine.read.reader import seek_parts
 from arrangedb.spine.storage.batch import Batch
 from arrangedb.spine.storage.dictionaries import dictionary_schema
@@ -56,7 +56,7 @@ def _lookup(trace, keys, at, read_dictionary, consolidate=True) -> pa.Table:
     first[1:] = sq[1:] != sq[:-1]
     uniq_pos = np.flatnonzero(first)            # positions (in sorted order) of distinct keys
     uq = sorted_q if distinct_sorted else sorted_q.take(uniq_pos)  # distinct, sorted
-    found: list[Updates] = []
+    found: list[tuple] = []       # (vals, times, diffs) of the keys' rows, per part
     found_u: list[np.ndarray] = []
     sources = 0
     for batch in trace.batches():
@@ -66,22 +66,24 @@ def _lookup(trace, keys, at, read_dictionary, consolidate=True) -> pa.Table:
             sources += len(found) > before
     if not found:
         return schema.empty_table()
-    upd = Updates.concat(found)
+    vals = pa.concat_tables([f[0] for f in found]) if found[0][0] is not None else None
+    t = concat_column([f[1] for f in found], np.uint64)
+    diffs = concat_column([f[2] for f in found], np.int64)
     u = np.concatenate(found_u)
-    t = upd.times
     if not consolidate and distinct_sorted:   # as stored: in query order per batch
         rows = np.flatnonzero(t <= np.uint64(at)) if at is not None else None
         if rows is not None and len(rows) < len(t):
-            upd, u = upd.take(rows), u[rows]
-        return _record_table(schema, u, uq.take(u), upd.vals, upd.diffs)
+            u, diffs = u[rows], diffs[rows]
+            vals = vals.take(pa.array(rows)) if vals is not None else None
+        return _record_table(schema, u, uq.take(u), vals, diffs)
     if sources == 1 and len(t) and t[0] == t[-1] and (at is None or t[0] <= at) \
             and bool(np.all(t == t[0])):
         # one batch at one time: consolidated, in query order, a count per (key, val)
-        u_rows, vals, counts = u, upd.vals, upd.diffs
+        u_rows, counts = u, diffs
     else:
         # accumulate per (distinct query, val): the distinct query index acts as the key
         acc_keys = pa.table({"__u": u})
-        k_u, vals, counts = accumulate(Updates(acc_keys, upd.vals, upd.times, upd.diffs), at)
+        k_u, vals, counts = accumulate(Updates(acc_keys, vals, t, diffs), at)
         u_rows = k_u.column(0).to_numpy()
     if distinct_sorted:     # each query is its own distinct key: rows are in query order
         return _record_table(schema, u_rows, uq.take(u_rows), vals, counts)
@@ -122,8 +124,8 @@ def _lookup_batch(key_names: list[str], batch: Batch, uq: pa.Table, found: list,
                 pos, hit = _positions(pc_, qc_)
             if not hit.any():
                 continue
-            upd, owner = select_keys(layout, pos)
-            found.append(upd)
+            vals, times, diffs, owner = select_vals(layout, pos)
+            found.append((vals, times, diffs))
             found_u.append(qsel[hit][owner])
         finally:
             part.release()

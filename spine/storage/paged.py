@@ -194,9 +194,17 @@ class PagedPart(Part):
         bounds = self.columns.get("key_bounds")
         computed = bounds is not None and bounds[0]["codec"] == "offsets" and bounds[0][
             "meta"].get("form") in ("stride", "const", "narrow", "split")
+        # the one (time, diff) is kept once read: every lookup of the part would map,
+        # decode and release two regions for two numbers
+        held = getattr(self, "_one_update", None) if singleton else None
         cols = self._decode((() if dense else ("keys",)) + (() if computed else ("key_bounds",))
-                            + (("times", "diffs") if singleton else ("val_bounds",)),
+                            + (("val_bounds",) if not singleton else
+                               () if held is not None else ("times", "diffs")),
                             self.cache)
+        if singleton:
+            if held is None:
+                held = self._one_update = (cols["times"], cols["diffs"])
+            cols["times"], cols["diffs"] = held
         key_schema, val_schema = self.schemas
         if dense:
             cols["keys"] = _DenseKeys(self.dense_first_key(), key_schema)

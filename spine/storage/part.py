@@ -107,7 +107,15 @@ class Part:
     def dense_first_key(self) -> int | None:
         """The first key when the part's keys are every integer from its first to its
         last key (dense ids): key i is then ``first + i``, found without reading the
-        keys. None otherwise. Judged from the boundary keys a part keeps in memory."""
+        keys. None otherwise. Judged from the boundary keys a part keeps in memory (once:
+        a part never changes, and a lookup asks of every part it visits)."""
+        try:
+            return self._dense_first
+        except AttributeError:
+            self._dense_first = self._judge_dense()
+            return self._dense_first
+
+    def _judge_dense(self) -> int | None:
         if self.num_keys == 0 or self.first_key.num_columns != 1 \
                 or not pa.types.is_integer(self.first_key.schema.field(0).type):
             return None
