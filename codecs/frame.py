@@ -219,11 +219,10 @@ def _as_float(meta, buffers, at) -> np.ndarray | None:
     if not -(1 << 53) < base < (1 << 53) - (1 << (8 * width)):
         return None
     expect_buffers(buffers, 1)
-    out = view_as(buffers[0], f"u{width}", meta_length(meta), "for residuals")[at].astype(
-        np.float64)
-    if base:
-        out += np.float64(base)
-    return out
+    residuals = view_as(buffers[0], f"u{width}", meta_length(meta), "for residuals")[at]
+    # widened and offset in one pass (the same float64 sum as converting, then adding)
+    return np.add(residuals, np.float64(base), dtype=np.float64) if base else \
+        residuals.astype(np.float64)
 
 
 def _take_values(dt, meta, buffers, rows: np.ndarray) -> np.ndarray | None:

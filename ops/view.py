@@ -45,7 +45,6 @@ How a change is computed, by the plan's shape:
 
 from __future__ import annotations
 
-
 import numpy as np
 import pyarrow as pa
 
@@ -55,7 +54,7 @@ from arrangedb.ops.common import names
 from arrangedb.ops.planner import params
 from arrangedb.ops.reduce import reduce_of_keys
 from arrangedb.ops.view_delta import (DIFF, as_retractions, by_time, changed_only, key_steps,
-                                      delta_schema)
+                                      delta_schema, queries_rows)
 from arrangedb.ops.view_linear import apply_linear, summed_nulls
 from arrangedb.ops.view_reduce import eligible as stored_eligible, stored_delta
 from arrangedb.ops.view_distinct import distinct_change
@@ -164,7 +163,8 @@ class View(Trace):
                 if target > self._upper:
                     for t in self.inputs:
                         t.advance_upper(target)
-                    self._apply(self._upper, target)
+                    with self.ctx.working():   # a refresh is work: idle merging waits
+                        self._apply(self._upper, target)
                     Trace.advance_upper(self, target)
                     self.refreshes += 1
             finally:
@@ -231,12 +231,8 @@ class View(Trace):
             keys = self._touched_keys(changes)
         self.keys_recomputed += keys.num_rows
         for lo in range(0, keys.num_rows, KEYS_PER_STEP):
-            old = None
-            if stored is not None:
-                qi = stored.column("query_index").to_numpy()
-                a, b = np.searchsorted(qi, [lo, lo + KEYS_PER_STEP])
-                old = stored.slice(a, b - a)
-            yield self._per_key_delta(keys.slice(lo, KEYS_PER_STEP), time, old)
+            yield self._per_key_delta(keys.slice(lo, KEYS_PER_STEP), time,
+                                      queries_rows(stored, lo, KEYS_PER_STEP))
 
     def insert_delta(self, delta: pa.Table | None, time: int) -> None:
         """Insert rows with a ``__view_diff`` column, at ``time``."""

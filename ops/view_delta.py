@@ -60,6 +60,14 @@ def key_steps(changes: pa.Table, keys: list[str], keys_per_step: int):
         yield step, np.cumsum(new_key) - 1, step.select(keys).filter(pa.array(new_key))
 
 
+def queries_rows(looked_up: pa.Table | None, lo: int, n: int) -> pa.Table | None:
+    """The rows of a lookup (ordered by ``query_index``) of queries ``lo`` to ``lo + n``."""
+    if looked_up is None:
+        return None
+    a, b = np.searchsorted(looked_up.column("query_index").to_numpy(), [lo, lo + n])
+    return looked_up.slice(a, b - a)
+
+
 def changed_only(old: pa.Table, new: pa.Table, cols: list[str]
                   ) -> tuple[pa.Table, pa.Table]:
     """``old`` rows (retractions) and ``new`` rows (insertions) less the rows in both with

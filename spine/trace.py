@@ -92,8 +92,9 @@ class Trace:
     def advance_upper(self, time: int) -> None:
         """Move the upper frontier to ``time`` (never back): later inserts go at it or
         after. A view does this to the inputs it has read through ``time - 1``."""
-        with self._write_lock:
-            self._upper = max(self._upper, int(time))
+        if int(time) > self._upper:   # else no writer (or merge slice) to wait for
+            with self._write_lock:
+                self._upper = max(self._upper, int(time))
 
     def add_view(self, view) -> None:
         """Count ``view`` among this trace's readers (``stats()["views"]``)."""
@@ -312,8 +313,7 @@ class Trace:
 
     def save(self, path) -> None:
         """Write this trace to a new directory for ``Engine.load``: a first checkpoint
-        (``FileExistsError`` if ``path`` already holds one), without keeping the writer
-        role."""
+        (``FileExistsError`` if ``path`` holds one), not keeping the writer role."""
         with self._write_lock:
             self._check_open()
             path = os.fspath(path)
