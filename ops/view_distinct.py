@@ -25,12 +25,10 @@ def distinct_change(view, trace, changes: pa.Table, key_of: np.ndarray,
     cols = view.key_names + view.val_names
     rows = trace.lookup(key_table.rename_columns(trace.key_names), at=time, consolidate=False)
     named = changes.select(cols)
-    n = changes.num_rows
     changed = named.select(view.val_names)
-    both = pa.concat_tables([changed, rows.select(trace.val_names)
-                             .rename_columns(view.val_names).cast(changed.schema)])
-    val = codes([both], view.val_names)[0]
-    after = _counts_at(key_of, val[:n], rows.column("query_index").to_numpy(), val[n:],
+    stored = rows.select(trace.val_names).rename_columns(view.val_names).cast(changed.schema)
+    val, row_val = codes([changed, stored], view.val_names)   # comparable, no concatenation
+    after = _counts_at(key_of, val, rows.column("query_index").to_numpy(), row_val,
                        rows.column("count").to_numpy())
     d = changes.column("diff").to_numpy()
     change = (after > 0).astype(np.int64) - (after - d > 0)
