@@ -110,7 +110,7 @@ class RunBuilder:
         room = store.room() if store is not None else 0
         runs: list[Batch] = []
         buffered: list[Updates] = []
-        size = rows = 0
+        size = rows = peak = 0
 
         def seal():
             """Sort what is buffered into a run; its reservation passes to seal."""
@@ -146,11 +146,12 @@ class RunBuilder:
             return k
 
         def buffer(upd: Updates) -> None:
-            nonlocal size, rows
+            nonlocal size, rows, peak
             self.ctx.reserve(upd.nbytes, "ingest buffer")
             buffered.append(upd)
             size += upd.nbytes
             rows += len(upd)
+            peak = max(peak, size)
 
         try:
             piece = run_bytes // 4 if not room else min(run_bytes, sort_cost(room, 0)) // 4
@@ -188,7 +189,10 @@ class RunBuilder:
                     stream.close()   # stops and joins the reading thread
                 finally:
                     self.ctx.release(ahead)
-        self.ctx.settle()   # sorting left big freed blocks with the allocators
+        if peak >= self.ctx.part_bytes or len(runs) > 1:
+            # sorting left big freed blocks with the allocators; a small run's sort
+            # (a view's step, a small insert) leaves little, and a trim costs milliseconds
+            self.ctx.settle()
         return runs
 
     def run_bytes(self) -> int:
