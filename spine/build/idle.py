@@ -11,9 +11,10 @@ Rules of the thread:
 - It works only while the engine is quiet: nothing reserved through the storage
   context by any other thread, and no reservation or release for ``QUIET_SECONDS``
   (every read, build, sort and grouping holds a reservation while it works, and a
-  view's refresh counts as work throughout, so that is what "busy" means), and while the budget holds at most half its limit. Two heavy
-  jobs at once would each stay within their reservations, but not within the one
-  allowance the process has for what reservations do not count.
+  view's refresh counts as work throughout, so that is what "busy" means), and while
+  the budget holds at most half its limit. Two heavy jobs at once would each stay
+  within their reservations, but not within the one allowance the process has for what
+  reservations do not count.
 - It works in slices, each of the fuel the trace's exertion policy gives
   (:mod:`arrangedb.spine.build.exertion`), under the trace's write lock, taken without
   waiting (a writer goes first): an insert or a query that starts meanwhile waits at

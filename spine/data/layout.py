@@ -225,30 +225,22 @@ def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.arange(total, dtype=np.int64) + np.repeat(starts.astype(np.int64) - offsets, lengths)
 
 
-def select_keys(part: PartLayout, key_index: np.ndarray) -> tuple[Updates, np.ndarray]:
-    """Updates of the keys at ``key_index`` (sorted positions into ``part.keys``) only.
-
-    Expands just the selected keys' vals and updates, so a lookup touching a few keys of
-    a large part pays for those keys, not for the part. Returns the updates and, per
-    update, the position in ``key_index`` it belongs to.
-    """
-    vals, times, diffs, owner = select_vals(part, key_index)
-    return Updates(part.keys.take(key_index[owner]), vals, times, diffs), owner
-
-
 def select_vals(part: PartLayout, key_index: np.ndarray
                 ) -> tuple[pa.Table | None, np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`select_keys` without the keys, for a caller that knows them (a lookup):
-    (vals, times, diffs, owner) of the selected keys' updates."""
+    """The updates of the keys at ``key_index`` (sorted positions into ``part.keys``)
+    only, without their keys, which a lookup knows: (vals, times, diffs, owner), owner
+    giving per update the position in ``key_index`` it belongs to.
+
+    Expands just the selected keys' vals and updates, so a lookup touching a few keys of
+    a large part pays for those keys, not for the part."""
     if part.vals is None:
         leaves, k_lens = key_index, None
     else:
         # indexed before widening: no copy of the whole part's; one gather of both ends
         # (a paged part's bounds are read at the rows)
-        n = len(key_index)
         ends = part.key_bounds[np.concatenate([key_index, key_index + 1])].astype(np.int64)
-        k_first = ends[:n]
-        k_lens = ends[n:] - k_first
+        k_first, k_end = np.split(ends, 2)
+        k_lens = k_end - k_first
         if (k_lens == 1).all():       # one val per key (a dimension table)
             leaves, k_lens = k_first, None
         else:

@@ -13,7 +13,7 @@ last key in memory, so that searches find the parts to touch without reading any
 Reading a part decodes it into :class:`Updates` plus ``key_starts`` (where each key's
 rows begin), which readers use to cut windows at key boundaries. A lookup reads a paged
 part through ``lookup_layout``: keys and bounds decoded, vals, times and diffs decoded
-only at the rows :func:`select_keys` takes (only the zstd blocks holding them, with the
+only at the rows :func:`select_vals` takes (only the zstd blocks holding them, with the
 engine's block cache).
 """
 
@@ -98,7 +98,7 @@ class Part:
 
     def lookup_layout(self, dictionary: frozenset = frozenset(), dense: bool = False
                       ) -> PartLayout:
-        """The layout for ``select_keys``; call ``release()`` once done with it.
+        """The layout for ``select_vals``; call ``release()`` once done with it.
         ``dictionary``: val columns to take as dictionary arrays (see :meth:`read`).
         ``dense``: the caller knows the keys are dense (:meth:`dense_first_key`) and
         only takes keys at positions; a paged part then does not read them."""

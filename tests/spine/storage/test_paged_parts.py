@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from arrangedb.pager import MemoryBudget, PageFile, PageWriter, SpillDirectory
-from arrangedb.spine.data.layout import select_keys, to_layout
+from arrangedb.spine.data.layout import select_vals, to_layout
 from arrangedb.spine.data.updates import Updates
 from arrangedb.spine.storage.encode import write_part
 from arrangedb.spine.storage.part import expand
@@ -71,8 +71,8 @@ def test_a_lookup_takes_only_the_rows_it_needs_and_dense_keys_are_computed(spill
     try:
         assert part.dense_first_key() == 100
         layout = part.lookup_layout(frozenset(), dense=True)
-        got, owner = select_keys(layout, np.array([0, 7, 4_999]))
-        assert got.vals.column("s").to_pylist() == ["100", "107", "5099"]
+        vals, _, _, owner = select_vals(layout, np.array([0, 7, 4_999]))
+        assert vals.column("s").to_pylist() == ["100", "107", "5099"]
         assert owner.tolist() == [0, 1, 2]
         part.release()
         sparse_upd, sparse, pf2 = _part(spill, keys * 2, ["a"] * keys.size, keys)
