@@ -21,9 +21,11 @@ How a change is computed, by the plan's shape:
     the touched keys' groups, not the inputs' size; the touched keys go 32,768 at a
     time, in key order.
 ``stored aggregates``
-    ``reduce`` with counts and sums, minimums and maximums of numbers: most keys' new
-    rows come from their stored rows and the changes alone
-    (:mod:`arrangedb.ops.view_reduce`); the rest take the per-key path.
+    ``reduce`` with counts, and sums, means, minimums and maximums of numbers, and
+    counts of distinct values: most keys' new rows come from their stored rows, the
+    accumulators kept beside them and the changes alone
+    (:mod:`arrangedb.ops.view_reduce`, :mod:`arrangedb.ops.view_state`); the rest take
+    the per-key path.
 ``stored top k``
     ``top_k``: a key whose retractions stay behind its stored first k (or whose stored
     rows are its whole group) takes its new first k from them and its changes
@@ -49,21 +51,21 @@ import numpy as np
 import pyarrow as pa
 
 from arrangedb.ops import plan as _plan
-from arrangedb.ops.aggregate import check_aggs
 from arrangedb.ops.common import names
 from arrangedb.ops.planner import params
 from arrangedb.ops.reduce import reduce_of_keys
-from arrangedb.ops.view_delta import (DIFF, as_retractions, by_time, changed_only, key_steps,
-                                      delta_schema, queries_rows)
+from arrangedb.ops.view_delta import (DIFF, VIEW_TIME, as_retractions, at_time,
+                                      at_time_table, by_time, changed_only, delta_schema,
+                                      key_steps, plain_field, queries_rows)
 from arrangedb.ops.view_linear import apply_linear, summed_nulls
-from arrangedb.ops.view_reduce import eligible as stored_eligible, stored_delta
+from arrangedb.ops.view_kind import checked_aggs, default_key, kind_of, traces_of
+from arrangedb.ops.view_reduce import stored_delta
 from arrangedb.ops.view_distinct import distinct_change
+from arrangedb.ops.view_state import ReduceState, buildable, needs_state
 from arrangedb.ops.view_top_k import recomputed_top_k, stored_top_k
 from arrangedb.spine import Columns, Trace, roles
 
-PER_KEY_OPS = ("join", "reduce", "distinct", "top_k", "threshold")
 KEYS_PER_STEP = 1 << 15   # touched keys looked up and recomputed at once (bounds memory)
-_TIME = "__view_time"
 
 
 class View(Trace):
@@ -74,13 +76,14 @@ class View(Trace):
     plan = None          # until bound: a view loaded from a checkpoint, not yet resumed
     inputs: tuple = ()
     _refreshing = False
+    state = None         # a reduce view's accumulators (ops/view_state.py), if it keeps any
 
     @classmethod
     def made(cls, engine, plan, key=None, name=None) -> "View":
         """The view of ``plan``: the plan runs once, its output arranged at the inputs'
         latest time."""
         schema, weight = plan.schema, roles.role_column(plan.schema, roles.WEIGHT)
-        key = _default_key(plan._node) if key is None else (
+        key = default_key(plan._node) if key is None else (
             [key] if isinstance(key, str) else list(key))
         names = [f.name for f in schema if f.name != weight]
         missing = [k for k in key if k not in names]
@@ -88,8 +91,8 @@ class View(Trace):
             raise ValueError(f"view key column(s) {missing} are not among the plan's output "
                              f"columns {names}")
         vals = [n for n in names if n not in key]
-        key_schema = pa.schema([_plain(schema.field(k)) for k in key])
-        val_schema = pa.schema([_plain(schema.field(v)) for v in vals]) if vals else None
+        key_schema = pa.schema([plain_field(schema.field(k)) for k in key])
+        val_schema = pa.schema([plain_field(schema.field(v)) for v in vals]) if vals else None
         view = cls(engine.ctx, key_schema, val_schema, Columns(key, vals or None, None, weight),
                    name)
         view.bind(plan)
@@ -98,10 +101,12 @@ class View(Trace):
             t.advance_upper(upper)
         reader = plan.to_reader()
         if upper > 0:   # the output accumulated through upper - 1, at upper - 1
-            view.add_runs(view.runs.build(_at_time(reader, upper - 1), _TIME, weight or False))
+            view.add_runs(view.runs.build(at_time(reader, upper - 1), VIEW_TIME,
+                                          weight or False))
         else:
             view.add_runs(view.runs.build(reader, False, weight or False))
         Trace.advance_upper(view, max(upper, 1))
+        view.build_state()
         view.notify_idle()
         return view
 
@@ -113,7 +118,7 @@ class View(Trace):
         view = engine.load(path, version, make_trace=cls)
         schema = plan.schema
         weight = roles.role_column(schema, roles.WEIGHT)
-        written = [_plain(f) for f in schema if f.name != weight]
+        written = [plain_field(f) for f in schema if f.name != weight]
         stored = list(view.key_schema) + list(view.val_schema or [])
         if sorted(map(str, written)) != sorted(map(str, stored)):
             view.close()
@@ -125,6 +130,8 @@ class View(Trace):
         if view.upper() > max(t.upper() for t in view.inputs):
             for t in view.inputs:   # the inputs' versions are older than the view's
                 t.advance_upper(view.upper())
+        if buildable(view.inputs[0], view.upper()):   # else after the next refresh
+            view.build_state()
         return view
 
     def bind(self, plan) -> None:
@@ -135,13 +142,14 @@ class View(Trace):
                              "stream, which cannot be read again for its changes")
         self.plan = plan
         self.weight = roles.role_column(plan.schema, roles.WEIGHT)
-        self.inputs = _traces(node)
+        self.inputs = traces_of(node)
         if not self.inputs:
             raise ValueError("a view needs a plan that reads at least one trace")
-        self.kind = _kind(node)
+        self.kind = kind_of(node)
         if self.kind == "linear" and summed_nulls(node):
             self.kind = "whole"   # a group of nulls alone sums to null: not from changes
         self._refreshing = False
+        self.state = None
         self.refreshes = 0
         self.keys_from_state = self.keys_recomputed = 0
         for t in self.inputs:
@@ -164,8 +172,14 @@ class View(Trace):
                     for t in self.inputs:
                         t.advance_upper(target)
                     with self.ctx.working():   # a refresh is work: idle merging waits
-                        self._apply(self._upper, target)
+                        try:
+                            self._apply(self._upper, target)
+                        except BaseException:   # the state may be ahead of the view
+                            self._drop_state()
+                            raise
                     Trace.advance_upper(self, target)
+                    if self.state is None:
+                        self.build_state()
                     self.refreshes += 1
             finally:
                 self._refreshing = False
@@ -198,7 +212,7 @@ class View(Trace):
             try:
                 for delta in self._deltas(at_t, t):
                     if delta is not None and delta.num_rows:
-                        out.add(_at_time_table(delta, t), time=_TIME, diff=DIFF)
+                        out.add(at_time_table(delta, t), time=VIEW_TIME, diff=DIFF)
                 out.finish()
             except BaseException:
                 out.abort()
@@ -224,7 +238,8 @@ class View(Trace):
             return
         stored = None   # the touched keys' rows in the view, when already looked up
         if self.kind == "stored aggregates":   # most keys from their stored rows
-            kept, keys, kept_keys, stored = stored_delta(self, _checked_aggs(p), changes[0])
+            kept, keys, kept_keys, stored = stored_delta(self, checked_aggs(p), changes[0],
+                                                         self.state)
             self.keys_from_state += kept_keys
             yield kept
         else:
@@ -234,19 +249,31 @@ class View(Trace):
             yield self._per_key_delta(keys.slice(lo, KEYS_PER_STEP), time,
                                       queries_rows(stored, lo, KEYS_PER_STEP))
 
+    def build_state(self) -> None:
+        """Build the accumulators a reduce view of means or distinct counts keeps beside
+        its rows (:mod:`arrangedb.ops.view_state`), from its input at its upper - 1."""
+        p = params(self.plan._node)
+        if self.kind == "stored aggregates" and needs_state(aggs := checked_aggs(p)):
+            self.state = ReduceState.built(p["trace"], aggs, max(self._upper - 1, 0))
+
+    def _drop_state(self) -> None:
+        if self.state is not None:
+            self.state.close()
+            self.state = None
+
+    def close(self) -> None:
+        self._drop_state()
+        super().close()
+
     def insert_delta(self, delta: pa.Table | None, time: int) -> None:
         """Insert rows with a ``__view_diff`` column, at ``time``."""
         if delta is None or delta.num_rows == 0:
             return
-        self.insert(_at_time_table(delta, time), time=_TIME, diff=DIFF)
+        self.insert(at_time_table(delta, time), time=VIEW_TIME, diff=DIFF)
 
     def stored_rows(self, keys: pa.Table) -> pa.Table:
         """The view's rows of ``keys`` as stored, without refreshing first."""
         return Trace.lookup(self, keys)
-
-    def retractions(self, keys: pa.Table) -> pa.Table:
-        """The view's rows of ``keys``, as retractions (diff: minus their count)."""
-        return as_retractions(Trace.lookup(self, keys), self.key_names + self.val_names)
 
     def _new_rows(self, table: pa.Table) -> pa.Table:
         cols = self.key_names + self.val_names
@@ -340,81 +367,3 @@ def maintain(plan, engine, key=None, name=None, path=None) -> View:
 
 
 _plan.use_maintainer(maintain)
-
-
-def _traces(node) -> list:
-    """The traces a plan reads, each once, in the order the plan names them."""
-    out, seen = [], set()
-
-    def walk(n):
-        for x in n.inputs():
-            if isinstance(x, _plan.Plan):
-                walk(x._node)
-            elif isinstance(x, Trace) and id(x) not in seen:
-                seen.add(id(x))
-                out.append(x)
-    walk(node)
-    return out
-
-
-def _kind(node) -> str:
-    direct = node.inputs()
-    if node.op in PER_KEY_OPS and direct and all(isinstance(x, Trace) for x in direct):
-        if node.op == "reduce":
-            p = params(node)
-            if p["at"] is None and p["since"] is None and stored_eligible(
-                    _checked_aggs(p), p["trace"].val_schema):
-                return "stored aggregates"
-        if node.op == "top_k" and params(node)["at"] is None:
-            return "stored top k"
-        if node.op == "distinct" and params(node)["at"] is None:
-            return "changed rows"
-        return "per key"
-    if node.op == "group_by" and not node.one_shot:
-        g = params(node)
-        stream = g["stream"]
-        if (isinstance(stream, _plan.Plan) and stream._node.op == "join"
-                and g["weight"] in (None, "count")):
-            j = params(stream._node)
-            aggs = g["aggs"]
-            linear = all(fn in ("count", "sum") for fn, _ in aggs.values())
-            counted = any(fn == "count" and col is None for fn, col in aggs.values())
-            if (j["how"] == "inner" and j["at"] is None and j["since"] is None
-                    and isinstance(j["left"], Trace) and isinstance(j["right"], Trace)
-                    and linear and counted):
-                return "linear"
-    return "whole"
-
-
-def _checked_aggs(p: dict) -> dict:
-    """A reduce's aggregates as it reads them ((function, column) per output)."""
-    return check_aggs(p["aggs"], p["trace"].val_schema, "the view's input")
-
-
-def _default_key(node) -> list[str]:
-    if node.op == "group_by":
-        return names(params(node)["by"])
-    direct = [x for x in node.inputs() if isinstance(x, Trace)]
-    if node.op in PER_KEY_OPS and direct:
-        return list(direct[0].key_names)
-    weight = roles.role_column(node.schema, roles.WEIGHT)
-    return [f.name for f in node.schema if f.name != weight]
-
-
-def _at_time_table(table: pa.Table, time: int) -> pa.Table:
-    return table.append_column(_TIME, pa.array(np.full(table.num_rows, time, np.uint64)))
-
-
-def _plain(f: pa.Field) -> pa.Field:
-    """A column as arranged: dictionaries as their values, no role marks."""
-    return pa.field(f.name, f.type.value_type if pa.types.is_dictionary(f.type) else f.type)
-
-
-def _at_time(reader: pa.RecordBatchReader, time: int) -> pa.RecordBatchReader:
-    schema = reader.schema.append(pa.field(_TIME, pa.uint64()))
-
-    def gen():
-        for b in reader:
-            yield pa.RecordBatch.from_arrays(
-                b.columns + [pa.array(np.full(b.num_rows, time, np.uint64))], schema=schema)
-    return pa.RecordBatchReader.from_batches(schema, gen())

@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 from arrangedb.spine import absolute_codes, codes, is_absolute
 
 DIFF = "__view_diff"
+VIEW_TIME = "__view_time"
 
 
 def as_retractions(rows: pa.Table, cols: list[str]) -> pa.Table:
@@ -113,3 +114,22 @@ def _mixed(columns: list[np.ndarray]) -> np.ndarray:
         h ^= c.astype(np.int64, copy=False).view(np.uint64) if c.dtype.kind == "i" \
             else c.view(np.uint64) if c.dtype.itemsize == 8 else c.astype(np.uint64)
     return h
+
+
+def at_time_table(table: pa.Table, time: int) -> pa.Table:
+    return table.append_column(VIEW_TIME, pa.array(np.full(table.num_rows, time, np.uint64)))
+
+
+def plain_field(f: pa.Field) -> pa.Field:
+    """A column as arranged: dictionaries as their values, no role marks."""
+    return pa.field(f.name, f.type.value_type if pa.types.is_dictionary(f.type) else f.type)
+
+
+def at_time(reader: pa.RecordBatchReader, time: int) -> pa.RecordBatchReader:
+    schema = reader.schema.append(pa.field(VIEW_TIME, pa.uint64()))
+
+    def gen():
+        for b in reader:
+            yield pa.RecordBatch.from_arrays(
+                b.columns + [pa.array(np.full(b.num_rows, time, np.uint64))], schema=schema)
+    return pa.RecordBatchReader.from_batches(schema, gen())

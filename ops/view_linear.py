@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from arrangedb.ops.group_by import group_by
 from arrangedb.ops.join import join
 from arrangedb.ops.planner import params
-from arrangedb.ops.view_delta import DIFF, by_time, delta_schema
+from arrangedb.ops.view_delta import DIFF, as_retractions, by_time, delta_schema
 from arrangedb.spine import Trace
 
 
@@ -56,7 +56,8 @@ def added(view, delta: pa.Table, aggs: dict) -> pa.Table | None:
     new = pa.table(dict(zip(view.key_names, keys.columns)) |
                    dict(zip(view.val_names, new_cols))).filter(pa.array(alive))
     new = new.append_column(DIFF, pa.array(np.ones(new.num_rows, np.int64)))
-    return pa.concat_tables([view.retractions(keys), new.cast(delta_schema(view))])
+    gone = as_retractions(old, view.key_names + view.val_names)
+    return pa.concat_tables([gone, new.cast(delta_schema(view))])
 
 
 def summed(aggs: dict) -> list[str]:

@@ -1,13 +1,15 @@
 """A reduce view's change from its stored aggregates: per-key state, not whole groups.
 
-For ``reduce(trace, aggs)`` with counts, sums, minimums and maximums, the view's own row
-of a key is the state its next value is computed from (the way a maintained aggregate
-keeps its running value): a key's change at one time is summed into its counts and
-sums, and its new maximum is the larger of the stored one and the values inserted --
-as long as no value retracted reaches the stored maximum (minimums alike). Only keys
-where that does not hold -- the extreme retracted, a null among the changed values or
-the stored aggregates, a group that may have emptied without a count to tell -- are
-recomputed from their rows by the view's per-key path.
+For ``reduce(trace, aggs)``, the view's own row of a key is the state its next value is
+computed from (the way a maintained aggregate keeps its running value): a key's change
+at one time is summed into its counts and sums, and its new maximum is the larger of
+the stored one and the values inserted -- as long as no value retracted reaches the
+stored maximum (minimums alike). Means and counts of distinct values come from the
+accumulators the view keeps beside its rows (:mod:`arrangedb.ops.view_state`), which
+also count each key's rows. Only keys where that does not hold -- the extreme
+retracted, a null among the changed values or the stored aggregates of a sum, minimum
+or maximum, a group that may have emptied without a count to tell -- are recomputed
+from their rows by the view's per-key path.
 """
 
 from __future__ import annotations
@@ -17,19 +19,23 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from arrangedb.ops.view_delta import DIFF, as_retractions, delta_schema
+from arrangedb.ops.view_state import distinct_countable
 
-FAST = ("count", "sum", "min", "max")
+FAST = ("count", "sum", "min", "max", "mean", "count_distinct")
+_ACCUMULATED = ("mean", "count_distinct")   # from the view's state, nulls and all
 
 
 def eligible(aggs: dict, val_schema: pa.Schema | None) -> bool:
-    """Whether every aggregate can be kept from the stored row and the changes: counts,
-    and sums, minimums and maximums of integer or float columns."""
+    """Whether every aggregate can be kept from the stored row, the state and the
+    changes: counts; sums, means, minimums and maximums of integer or float columns;
+    counts of distinct integers, strings, booleans and dates."""
     for fn, col in aggs.values():
         if fn not in FAST:
             return False
         if col is not None:
             t = val_schema.field(col).type
-            if not (pa.types.is_integer(t) or pa.types.is_floating(t)):
+            numeric = pa.types.is_integer(t) or pa.types.is_floating(t)
+            if not (distinct_countable(t) if fn == "count_distinct" else numeric):
                 return False
     return True
 
@@ -43,17 +49,19 @@ def _values(arr, dtype) -> tuple[np.ndarray, np.ndarray]:
     return filled.to_numpy(zero_copy_only=False).astype(dtype, copy=False), valid
 
 
-def stored_delta(view, aggs: dict, changes: pa.Table
+def stored_delta(view, aggs: dict, changes: pa.Table, state=None
                  ) -> tuple[pa.Table | None, pa.Table, int, pa.Table]:
     """(the view's change for the keys it can keep from their stored rows, the keys it
     must recompute, how many it kept, the stored rows of the keys to recompute -- a
     lookup's columns, ``query_index`` the key's position among them: what their
     recompute retracts, not looked up twice). ``changes``: the input's changes at one
-    time."""
+    time; ``state``: the view's :class:`~arrangedb.ops.view_state.ReduceState`, which
+    this advances (None: the aggregates need none, or it is to be built again -- then
+    every key that needs it is recomputed)."""
     keys = view.key_names
-    cols = sorted({c for _, c in aggs.values() if c is not None})
+    cols = sorted({c for fn, c in aggs.values() if c is not None and fn != "count_distinct"})
     extremes = {fn for fn, _ in aggs.values() if fn in ("min", "max")}
-    summed = {c for fn, c in aggs.values() if fn == "sum"}
+    summed = {c for fn, c in aggs.values() if fn in ("sum", "mean")}
     per_key = _sorted_runs(changes, keys, cols, extremes, summed)
     if per_key is None:
         per_key = _hashed(changes, keys, cols)
@@ -69,17 +77,39 @@ def stored_delta(view, aggs: dict, changes: pa.Table
     fast = np.ones(n, dtype=bool)
     alive = np.ones(n, dtype=bool)
     known = ~retracts          # whether the group is known to keep a row (or be gone)
+    acc = state.advance(key_table, per_key, changes) if state is not None else None
+    if acc is not None:   # the state counts every key's rows
+        known[:] = True
+        alive = acc.rows > 0
+    elif any(fn in _ACCUMULATED for fn, _ in aggs.values()):
+        fast[:] = False
     # a key whose row comes out as stored (a change below its maximum, say): neither
     # retracted nor inserted -- most keys of a small change to a max or min
     same = had.copy()
     same[qi] &= old.column("count").to_numpy() == 1
-    new_cols = {}
+    new_cols, new_valid = {}, {}
     for name, (fn, c) in aggs.items():
         t = view.val_schema.field(name).type
         dtype = np.float64 if pa.types.is_floating(t) else np.int64
         prev = np.zeros(n, dtype)
+        prev_valid = np.ones(n, dtype=bool)
         stored, stored_valid = _values(old.column(name), dtype)
-        prev[qi] = stored
+        prev[qi], prev_valid[qi] = stored, stored_valid
+        valid = np.ones(n, dtype=bool)
+        if fn in _ACCUMULATED:
+            if acc is None:
+                continue
+            if fn == "mean":   # null over no non-null value
+                count, total = acc.means[c]
+                valid = count > 0
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    value = total / np.where(valid, count, 1)
+            else:
+                value = prev + acc.distinct[c]
+            new_cols[name], new_valid[name] = value, valid
+            same &= np.where(valid & prev_valid, _bits_equal(value, prev),
+                             valid == prev_valid)
+            continue
         fast[qi[~stored_valid]] = False   # a stored null: a group of nulls alone
         if c is not None:
             fast &= per_key.column(f"{c}__nulls_sum").to_numpy() == 0
@@ -106,6 +136,7 @@ def stored_delta(view, aggs: dict, changes: pa.Table
             fast &= stays
             known |= stays
             new_cols[name] = value
+        new_valid[name] = valid
         same &= _bits_equal(new_cols[name], prev)
     fast &= known   # without a count, a group whose extreme left may have emptied
     slow = key_table.filter(pa.array(~fast))
@@ -119,7 +150,7 @@ def stored_delta(view, aggs: dict, changes: pa.Table
     keep = pa.array(rows[alive[rows]])
     inserted = {k: key_table.column(k).take(keep) for k in keys}
     for name in view.val_names:
-        inserted[name] = pa.array(new_cols[name]).take(keep).cast(
+        inserted[name] = pa.array(new_cols[name], mask=~new_valid[name]).take(keep).cast(
             view.val_schema.field(name).type)
     inserted[DIFF] = pa.array(np.ones(len(keep), np.int64))
     # the stored rows of the keys kept here, retracted
@@ -159,8 +190,10 @@ def _hashed(changes: pa.Table, keys: list[str], cols: list[str]) -> pa.Table:
         work[f"{c}__out"] = pc.if_else(down, col, pa.nulls(len(col), col.type))
         work[f"{c}__nulls"] = pc.cast(pc.is_null(col), pa.int64())
         work[f"{c}__w"] = pc.multiply(col, pc.cast(diff, col.type))
+        work[f"{c}__nv"] = pc.if_else(pc.is_valid(col), diff, 0)
         specs += [(f"{c}__in", "max"), (f"{c}__in", "min"), (f"{c}__out", "max"),
-                  (f"{c}__out", "min"), (f"{c}__nulls", "sum"), (f"{c}__w", "sum")]
+                  (f"{c}__out", "min"), (f"{c}__nulls", "sum"), (f"{c}__w", "sum"),
+                  (f"{c}__nv", "sum")]
     per_key = pa.table(work).group_by(keys).aggregate(specs)
     return per_key.sort_by([(k, "ascending") for k in keys])
 
@@ -195,6 +228,7 @@ def _sorted_runs(changes: pa.Table, keys: list[str], cols: list[str], extremes: 
         if c in summed:
             out[f"{c}__w_sum"] = pa.array(np.add.reduceat(np.where(valid, v * d, 0), starts)
                                           ).cast(t)
+            out[f"{c}__nv_sum"] = np.add.reduceat(np.where(valid, d, 0), starts)
         lo, hi = (-np.inf, np.inf) if dtype is np.float64 else \
             (np.iinfo(np.int64).min, np.iinfo(np.int64).max)
         for side, mask in (("in", up & valid), ("out", down & valid)):

@@ -59,6 +59,10 @@ PLANS = {
     "extremes per key": lambda f, d: reduce(f, {"n": ("count", None), "s": ("sum", "x"),
                                                 "lo": ("min", "x"), "hi": ("max", "y")}),
     "max per key, no count": lambda f, d: reduce(f, {"hi": ("max", "y"), "s": ("sum", "y")}),
+    "means and distinct counts": lambda f, d: reduce(f, {
+        "n": ("count", None), "m": ("mean", "x"), "u": ("count_distinct", "y"),
+        "lo": ("min", "y")}),
+    "mean alone": lambda f, d: reduce(f, {"m": ("mean", "x")}),
     "distinct": lambda f, d: distinct(f),
     "top_k": lambda f, d: top_k(f, 2, by="x"),
     "threshold": lambda f, d: threshold(f, lambda c: c >= 2),
@@ -76,6 +80,7 @@ PLANS = {
 }
 KINDS = {"count and sum per group": "linear", "max per group": "whole",
          "extremes per key": "stored aggregates", "max per key, no count": "stored aggregates",
+         "means and distinct counts": "stored aggregates", "mean alone": "stored aggregates",
          "top_k": "stored top k", "distinct": "changed rows",
          "sum of a column with nulls": "whole"}
 
@@ -194,6 +199,59 @@ def test_a_checkpointed_view_resumes_over_its_loaded_inputs(tmp_path):
         other = group_by(join(facts, dims), by="g", aggs={"n": ("count", None)})
         with pytest.raises(ValueError, match="the view of another plan"):
             e.view(other, path=tmp_path / "view")
+
+
+STATE_AGGS = {"m": ("mean", "x"), "u": ("count_distinct", "y"), "n": ("count", None)}
+
+
+def test_a_resumed_view_of_means_builds_its_accumulators_from_its_inputs(tmp_path):
+    """The accumulators of a mean and a distinct count are not checkpointed: a resumed
+    view builds them from its loaded input as of its own upper, so that what the input
+    received since is applied from them (keys kept from state, none recomputed)."""
+    rng = np.random.default_rng(5)
+    with arrangedb.Engine(spill_dir=tmp_path / "a", memory_budget="64MiB") as e:
+        facts = e.arrange(_facts(rng, 400, 30, False), key=["k"], vals=["x", "y"])
+        view = e.view(reduce(facts, STATE_AGGS))
+        facts.insert(_delta(rng, facts, 40, 30, False), diff="d")
+        view.checkpoint(tmp_path / "view")   # refreshes first: the view is at facts' upper
+        facts.insert(_delta(rng, facts, 40, 30, False), diff="d")   # after the view's
+        facts.checkpoint(tmp_path / "facts")
+    with arrangedb.Engine(spill_dir=tmp_path / "b", memory_budget="64MiB") as e:
+        facts = e.load(tmp_path / "facts")
+        plan = reduce(facts, STATE_AGGS)
+        view = e.view(plan, path=tmp_path / "view")
+        assert view.upper() < facts.upper()
+        got = view.snapshot().read_all()
+        assert _bag(got.drop_columns(["count"]), None) == _bag(plan.read_all(), None)
+        s = view.stats()
+        assert s["refreshes"] == 1 and s["keys_from_state"] > 0 and s["keys_recomputed"] == 0
+
+
+def test_a_failed_refresh_leaves_the_view_exact_at_its_next(tmp_path, monkeypatch):
+    """A refresh that fails after the accumulators took its changes drops them: the next
+    refresh recomputes the keys that need them and builds them again."""
+    from arrangedb.ops import view as view_module
+
+    rng = np.random.default_rng(7)
+    with arrangedb.Engine(spill_dir=tmp_path, memory_budget="64MiB") as e:
+        facts = e.arrange(_facts(rng, 300, 30, False), key=["k"], vals=["x", "y"])
+        plan = reduce(facts, STATE_AGGS)
+        view = e.view(plan)
+        facts.insert(_delta(rng, facts, 40, 30, False), diff="d")
+        real = view_module.at_time_table
+        monkeypatch.setattr(view_module, "at_time_table",
+                            lambda *a: (_ for _ in ()).throw(OSError("disk gone")))
+        with pytest.raises(OSError, match="disk gone"):
+            view.refresh()
+        assert view.state is None
+        monkeypatch.setattr(view_module, "at_time_table", real)
+        for _ in range(2):
+            before = view.stats()["keys_recomputed"]
+            got = view.snapshot().read_all()
+            assert _bag(got.drop_columns(["count"]), None) == _bag(plan.read_all(), None)
+            assert view.state is not None
+            facts.insert(_delta(rng, facts, 40, 30, False), diff="d")
+        assert view.stats()["keys_recomputed"] == before   # the second refresh: from state
 
 
 @pytest.mark.parametrize("aggs", [AGGS, {"n": ("count", None), "lo": ("min", "y"),
