@@ -20,7 +20,9 @@ where ``d`` are the inputs' changes in the interval and ``_old`` their accumulat
 at ``since - 1``. The deltas are read through the cursor (batches whose time bounds
 lie before ``since`` are skipped); the old state of only the keys a delta touches is
 fetched with each trace's batched, sorted ``lookup``. Nothing outside the touched keys
-is joined.
+is joined. Left, right, full, semi and anti joins are not bilinear (a match appearing
+retracts an unmatched row): their changes come from the touched keys' output before and
+after (:mod:`arrangedb.ops.per_key`).
 """
 
 from __future__ import annotations
@@ -30,11 +32,11 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.ops.common import (DEFAULT_BATCH_ROWS, check_batch_rows, check_time,
-                                  columns_of, output_chunks, ranges)
+from arrangedb.ops.common import (DEFAULT_BATCH_ROWS, check_batch_rows, columns_of,
+                                  output_chunks, ranges)
 from arrangedb.ops.match import match_keys
-from arrangedb.spine import (Block, Updates, co_blocks, consolidate,
-                             dictionary_schema, roles)
+from arrangedb.ops.per_key import check_window, consolidated, lookup_block, per_key_changes
+from arrangedb.spine import Block, co_blocks, dictionary_schema, roles
 
 HOWS = ("inner", "left", "right", "full", "semi", "anti")
 WITH_RIGHT_VALS = ("inner", "left", "right", "full")   # outputs holding the right vals
@@ -183,11 +185,16 @@ def _expand(arrays: list[pa.Array], counts: np.ndarray, batch_rows: int):
 
 
 # -- snapshot join ----------------------------------------------------------------------------
-def _snapshot(left, right, at, how, expand, batch_rows, schema, dictionary):
-    # typed as the blocks hold them (dictionary columns too): so is a left join's filler
+def _sides(left, right, how, dictionary) -> tuple[pa.Schema | None, pa.Schema | None]:
+    """The left and right vals' schemas as blocks hold them (dictionary columns too): so
+    are the nulls of unmatched rows typed. None for right vals the output lacks."""
     rvals_schema = dictionary_schema(right.val_schema, dictionary[1]) \
         if how in WITH_RIGHT_VALS else None
-    lvals_schema = dictionary_schema(left.val_schema, dictionary[0])
+    return dictionary_schema(left.val_schema, dictionary[0]), rvals_schema
+
+
+def _snapshot(left, right, at, how, expand, batch_rows, schema, dictionary):
+    lvals_schema, rvals_schema = _sides(left, right, how, dictionary)
 
     def emit(arrays, counts):
         if expand:
@@ -206,33 +213,41 @@ def _snapshot(left, right, at, how, expand, batch_rows, schema, dictionary):
     # side's unmatched rows need all of them at once
     bag = expand and how not in ("right", "full")
     for lb, rb in co_blocks([left, right], at=at, bag=bag, dictionary=dictionary):
-        li_key, ri_key = match_keys(lb.keys, rb.keys)
-        if how in ("right", "full"):   # right keys the left lacks: null left vals
-            unmatched = np.ones(rb.num_keys, dtype=bool)
-            unmatched[ri_key] = False
-            for keys, rows in _key_rows(rb, unmatched, batch_rows):
-                yield from emit(keys + _null_columns(lvals_schema, len(rows))
-                                + _take(rb.vals, rows), rb.counts[rows])
-        if len(lb) == 0:
-            continue
-        if how in WITH_RIGHT_VALS:
-            row_keys = lb.rows   # the left rows' keys, when the reader had them: no gather
-            unit = bool((rb.counts == 1).all())   # a right side of distinct rows (a dimension)
-            for kidx, li, ri in product_chunks(lb, rb, li_key, ri_key, batch_rows,
-                                               want_keys=row_keys is None):
-                arrays = _take(lb.keys, kidx) if row_keys is None else _take(row_keys, li)
-                arrays += (_take(lb.vals, li)
-                           + (_take(rb.vals, ri) if rvals_schema is not None else []))
-                yield from emit(arrays, lb.counts[li] if unit else lb.counts[li] * rb.counts[ri])
-        if how in ("inner", "right"):
-            continue
-        matched = np.zeros(lb.num_keys, dtype=bool)
-        matched[li_key] = True
-        for keys, rows in _key_rows(lb, matched if how == "semi" else ~matched, batch_rows):
-            arrays = keys + _take(lb.vals, rows)
-            if how in ("left", "full"):   # left keys the right lacks: null right vals
-                arrays += _null_columns(rvals_schema, len(rows))
-            yield from emit(arrays, lb.counts[rows])
+        for arrays, counts in joined_rows(lb, rb, how, batch_rows, lvals_schema,
+                                          rvals_schema):
+            yield from emit(arrays, counts)
+
+
+def joined_rows(lb: Block, rb: Block, how: str, batch_rows: int,
+                lvals_schema: pa.Schema | None, rvals_schema: pa.Schema | None):
+    """The join of two blocks over one key range: (output columns, counts) chunks."""
+    li_key, ri_key = match_keys(lb.keys, rb.keys)
+    if how in ("right", "full"):   # right keys the left lacks: null left vals
+        unmatched = np.ones(rb.num_keys, dtype=bool)
+        unmatched[ri_key] = False
+        for keys, rows in _key_rows(rb, unmatched, batch_rows):
+            yield (keys + _null_columns(lvals_schema, len(rows)) + _take(rb.vals, rows),
+                   rb.counts[rows])
+    if len(lb) == 0:
+        return
+    if how in WITH_RIGHT_VALS:
+        row_keys = lb.rows   # the left rows' keys, when the reader had them: no gather
+        unit = bool((rb.counts == 1).all())   # a right side of distinct rows (a dimension)
+        for kidx, li, ri in product_chunks(lb, rb, li_key, ri_key, batch_rows,
+                                           want_keys=row_keys is None):
+            arrays = _take(lb.keys, kidx) if row_keys is None else _take(row_keys, li)
+            arrays += (_take(lb.vals, li)
+                       + (_take(rb.vals, ri) if rvals_schema is not None else []))
+            yield arrays, (lb.counts[li] if unit else lb.counts[li] * rb.counts[ri])
+    if how in ("inner", "right"):
+        return
+    matched = np.zeros(lb.num_keys, dtype=bool)
+    matched[li_key] = True
+    for keys, rows in _key_rows(lb, matched if how == "semi" else ~matched, batch_rows):
+        arrays = keys + _take(lb.vals, rows)
+        if how in ("left", "full"):   # left keys the right lacks: null right vals
+            arrays += _null_columns(rvals_schema, len(rows))
+        yield arrays, lb.counts[rows]
 
 
 def _key_rows(b: Block, keep: np.ndarray, batch_rows: int):
@@ -247,15 +262,6 @@ def _key_rows(b: Block, keep: np.ndarray, batch_rows: int):
 
 
 # -- incremental join -------------------------------------------------------------------------
-def lookup_block(trace, keys: pa.Table, at: int, dictionary: frozenset = frozenset()) -> Block:
-    """The accumulated rows of ``keys`` (distinct, sorted) at ``at``, as a Block."""
-    res = trace.lookup(keys.rename_columns(trace.key_names), at=at, read_dictionary=dictionary)
-    qi = res.column("query_index").to_numpy()
-    bounds = np.searchsorted(qi, np.arange(keys.num_rows + 1)).astype(np.int64)
-    vals = res.select(trace.val_names) if trace.val_schema is not None else None
-    return Block(keys, bounds, vals, res.column("count").to_numpy())
-
-
 def _delta_terms(dl: Block, dr: Block, left, right, since, batch_rows, dictionary):
     """(key index table, li-side, ri-side, times, diffs) chunks of the three delta terms."""
     old_r = (lookup_block(right, dl.keys, since - 1, dictionary[1])
@@ -276,7 +282,6 @@ def _delta_terms(dl: Block, dr: Block, left, right, since, batch_rows, dictionar
 
 def _incremental(left, right, since, upto, batch_rows, schema, dictionary):
     nk = len(left.key_names)
-    nlv = len(left.val_names)
     for dl, dr in co_blocks([left, right], changes=(since, upto), dictionary=dictionary):
         # One term alone (only one side changed here) multiplies consolidated inputs: its
         # rows are distinct and nonzero already. Two terms may cancel: consolidate them.
@@ -287,26 +292,10 @@ def _incremental(left, right, since, upto, batch_rows, schema, dictionary):
             arrays = _take(a.keys, kidx) + _take(a.vals, li) + _take(b.vals, ri)
             pieces.append((arrays, times, diffs))
             if sum(len(p[1]) for p in pieces) >= batch_rows:
-                yield from _consolidated(pieces, nk, nlv, schema, alone)
+                yield from consolidated(pieces, nk, schema, alone)
                 pieces = []
         if pieces:
-            yield from _consolidated(pieces, nk, nlv, schema, alone)
-
-
-def _consolidated(pieces, nk, nlv, schema, distinct: bool = False):
-    names = schema.names
-    keys = pa.concat_tables([pa.Table.from_arrays(p[0][:nk], names=names[:nk]) for p in pieces])
-    val_names = names[nk:-2]
-    vals = (pa.concat_tables([pa.Table.from_arrays(p[0][nk:], names=val_names)
-                              for p in pieces]) if val_names else None)
-    upd = Updates(keys, vals, np.concatenate([p[1] for p in pieces]),
-                  np.concatenate([p[2] for p in pieces]))
-    if not distinct:
-        upd = consolidate(upd)
-    if len(upd):
-        arrays = columns_of(upd.keys) + columns_of(upd.vals) + [
-            pa.array(upd.times, pa.uint64()), pa.array(upd.diffs, pa.int64())]
-        yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+            yield from consolidated(pieces, nk, schema, alone)
 
 
 # -- public -----------------------------------------------------------------------------------
@@ -321,9 +310,11 @@ def join(left, right, at: int | None = None, how: str = "inner", since: int | No
     (both), semi, anti (left rows only). ``expand=True`` repeats each row
     ``count`` times (SQL bag semantics; then ``count`` is 1).
 
-    Incremental (``since`` given, inner only): the output's changes with
-    ``since <= time < upto``, as key, vals, ``time``, ``diff``. Applying them to the
-    result at ``since - 1`` gives the result at ``upto - 1``.
+    Incremental (``since`` given): the output's changes with ``since <= time < upto``,
+    as key, vals, ``time``, ``diff``. Applying them to the result at ``since - 1`` gives
+    the result at ``upto - 1``. An inner join's changes are exact at every time; the
+    other joins' come at the last time their key changed in the interval
+    (:mod:`arrangedb.ops.per_key`).
 
     ``read_dictionary``: output val columns (string, binary or integer) to return as
     Arrow dictionary arrays (int32 codes), as ``pyarrow.parquet.read_table`` does: a
@@ -334,29 +325,22 @@ def join(left, right, at: int | None = None, how: str = "inner", since: int | No
     if how not in HOWS:
         raise ValueError(f"unknown how={how!r}; use one of {', '.join(HOWS)}")
     batch_rows = check_batch_rows(batch_rows)
-    for name, value in (("at", at), ("since", since), ("upto", upto)):
-        check_time(name, value)
     check_traces(left, right)
+    check_window((left, right), at, since, upto)
     dictionary = _dictionary_columns(left, right, how, read_dictionary)
     if since is None:
-        if upto is not None:
-            raise ValueError("upto= needs since= (the incremental form)")
         for t in (left, right):
             t.check_read_time(at)
         schema = output_schema(left, right, how, False, dictionary)
         return pa.RecordBatchReader.from_batches(
             schema, _snapshot(left, right, at, how, expand, batch_rows, schema, dictionary))
-    if at is not None:
-        raise ValueError("give either at= (a snapshot) or since=/upto= (changes), not both")
-    if how != "inner":
-        raise ValueError(f"the incremental form (since=) supports how='inner', not {how!r}")
     if expand:
         raise ValueError("expand=True applies to snapshots; changes carry signed diffs")
-    if upto is not None and upto <= since:
-        raise ValueError(f"upto={upto} must be greater than since={since}")
-    if since > 0:
-        for t in (left, right):
-            t.check_read_time(since - 1)
     schema = output_schema(left, right, how, True, dictionary)
+    if how != "inner":
+        sides = _sides(left, right, how, dictionary)
+        return pa.RecordBatchReader.from_batches(schema, per_key_changes(
+            [left, right], since, upto, schema,
+            lambda lb, rb: joined_rows(lb, rb, how, batch_rows, *sides), dictionary))
     return pa.RecordBatchReader.from_batches(
         schema, _incremental(left, right, since, upto, batch_rows, schema, dictionary))

@@ -19,8 +19,8 @@ import numpy as np
 import pyarrow as pa
 
 from arrangedb.ops.aggregate import aggregate, check_aggs, grouped_sum, output_field
-from arrangedb.ops.common import check_time, columns_of
-from arrangedb.ops.join import lookup_block
+from arrangedb.ops.common import columns_of
+from arrangedb.ops.per_key import check_window, lookup_block, per_key_changes
 from arrangedb.spine import Block, blocks, codes, roles
 
 
@@ -115,54 +115,60 @@ def reduce(trace, aggs: dict, at: int | None = None, since: int | None = None,
     columns plus ``time`` and ``diff``.
     """
     aggs = check_aggs(aggs, trace.val_schema, f"trace {trace.name or ''} vals".strip())
-    for name, value in (("at", at), ("since", since), ("upto", upto)):
-        check_time(name, value)
+    check_window([trace], at, since, upto)
     if since is None:
-        if upto is not None:
-            raise ValueError("upto= needs since= (the incremental form)")
         trace.check_read_time(at)
         schema = _agg_schema(trace, aggs, changes=False)
         return pa.RecordBatchReader.from_batches(schema, _snapshot(trace, aggs, at, schema))
-    if at is not None:
-        raise ValueError("give either at= (a snapshot) or since=/upto= (changes), not both")
-    if upto is not None and upto <= since:
-        raise ValueError(f"upto={upto} must be greater than since={since}")
-    if since > 0:
-        trace.check_read_time(since - 1)
     schema = _agg_schema(trace, aggs, changes=True)
     return pa.RecordBatchReader.from_batches(schema, _incremental(trace, aggs, since, upto,
                                                                   schema))
 
 
-def _filtered(trace, at, counts_of):
+def _filtered(trace, at, since, upto, counts_of):
     """Snapshot rows of ``trace`` with the counts ``counts_of(block)`` gives them; rows
-    given a zero count are dropped (a snapshot block holds no zero counts of its own)."""
+    given a zero count are dropped (a snapshot block holds no zero counts of its own).
+    With ``since``: that output's changes (:mod:`arrangedb.ops.per_key`)."""
+    check_window([trace], at, since, upto)
+    if since is not None:
+        schema = trace.output_schema(roles.time_field("time"), roles.weight_field("diff"))
+        return pa.RecordBatchReader.from_batches(schema, per_key_changes(
+            [trace], since, upto, schema, lambda b: _kept_rows(b, counts_of)))
     trace.check_read_time(at)
     schema = trace.output_schema(roles.weight_field("count"))
 
     def gen():
         for b in blocks(trace, at=at):
-            if not len(b):
-                continue
-            counts = counts_of(b)
-            rows = np.flatnonzero(counts)
-            if not len(rows):
-                continue
-            idx = pa.array(rows, pa.int64())
-            yield pa.RecordBatch.from_arrays(
-                columns_of(b.row_keys().take(idx)) + columns_of(
-                    b.vals.take(idx) if b.vals is not None else None)
-                + [pa.array(counts[rows], pa.int64())], schema=schema)
+            for arrays, counts in _kept_rows(b, counts_of):
+                yield pa.RecordBatch.from_arrays(arrays + [pa.array(counts, pa.int64())],
+                                                 schema=schema)
     return pa.RecordBatchReader.from_batches(schema, gen())
 
 
-def distinct(trace, at: int | None = None) -> pa.RecordBatchReader:
-    """Each (key, vals) present with a positive count, once (``count`` = 1)."""
-    return _filtered(trace, at, lambda b: (b.counts > 0).astype(np.int64))
+def _kept_rows(b, counts_of):
+    """(columns, counts) of the block's rows ``counts_of`` gives a nonzero count."""
+    if not len(b):
+        return
+    counts = counts_of(b)
+    rows = np.flatnonzero(counts)
+    if not len(rows):
+        return
+    idx = pa.array(rows, pa.int64())
+    yield (columns_of(b.row_keys().take(idx)) + columns_of(
+        b.vals.take(idx) if b.vals is not None else None), counts[rows])
 
 
-def threshold(trace, predicate, at: int | None = None) -> pa.RecordBatchReader:
-    """Rows whose count passes ``predicate`` (called on a numpy array of counts)."""
+def distinct(trace, at: int | None = None, since: int | None = None,
+             upto: int | None = None) -> pa.RecordBatchReader:
+    """Each (key, vals) present with a positive count, once (``count`` = 1). With
+    ``since`` (and ``upto``), the result's changes instead: ``time`` and ``diff``."""
+    return _filtered(trace, at, since, upto, lambda b: (b.counts > 0).astype(np.int64))
+
+
+def threshold(trace, predicate, at: int | None = None, since: int | None = None,
+              upto: int | None = None) -> pa.RecordBatchReader:
+    """Rows whose count passes ``predicate`` (called on a numpy array of counts). With
+    ``since`` (and ``upto``), the result's changes instead."""
     if not callable(predicate):
         raise TypeError(f"predicate must be callable on an array of counts, got {predicate!r}")
 
@@ -172,12 +178,13 @@ def threshold(trace, predicate, at: int | None = None) -> pa.RecordBatchReader:
             raise TypeError("predicate must return a boolean array shaped like the counts "
                             "(it is called on a whole block: use numpy comparisons)")
         return np.where(mask, b.counts, 0)
-    return _filtered(trace, at, passing)
+    return _filtered(trace, at, since, upto, passing)
 
 
-def top_k(trace, k: int, by, descending: bool = True, at: int | None = None
-          ) -> pa.RecordBatchReader:
-    """Per key, the ``k`` rows first by ``by`` (counts weigh: a row of count 3 is 3 rows)."""
+def top_k(trace, k: int, by, descending: bool = True, at: int | None = None,
+          since: int | None = None, upto: int | None = None) -> pa.RecordBatchReader:
+    """Per key, the ``k`` rows first by ``by`` (counts weigh: a row of count 3 is 3 rows).
+    With ``since`` (and ``upto``), the result's changes instead."""
     if not isinstance(k, (int, np.integer)) or k <= 0:
         raise ValueError(f"k must be a positive int, got {k!r}")
     by = [by] if isinstance(by, str) else list(by)
@@ -200,4 +207,4 @@ def top_k(trace, k: int, by, descending: bool = True, at: int | None = None
         counts = np.zeros(len(b.counts), dtype=np.int64)
         counts[order] = out
         return counts
-    return _filtered(trace, at, first_k)
+    return _filtered(trace, at, since, upto, first_k)

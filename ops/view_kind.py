@@ -31,6 +31,8 @@ def traces_of(node) -> list:
 
 def kind_of(node) -> str:
     direct = node.inputs()
+    if node.op in PER_KEY_OPS and params(node).get("since") is not None:
+        return "whole"   # a view of an operator's changes: no key to recompute
     if node.op in PER_KEY_OPS and direct and all(isinstance(x, Trace) for x in direct):
         if node.op == "reduce":
             p = params(node)
