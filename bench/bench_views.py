@@ -10,6 +10,9 @@ with the natural code ``engine.view(plan)`` right after ``arrange``:
 - ``max per customer``: ``reduce(orders, max(amount))``, refreshed per touched key
   (their orders looked up, the max recomputed); against DuckDB's
   ``SELECT customer_id, max(amount) ... GROUP BY customer_id``.
+- ``mean per customer``: ``reduce(orders, mean(amount))``, refreshed from the count and
+  sum the view keeps per customer beside its rows; against DuckDB's ``avg`` per
+  customer. The issue sets no target for it: it is held to the max's.
 - ``distinct`` and ``top_k`` (the 3 largest amounts per customer) of orders, refreshed
   per touched key; against arrangedb's own snapshot operator recomputing them.
 
@@ -48,8 +51,14 @@ THREADS = 2
 ROUNDS = 3   # measurements per figure; the median is reported
 # recompute time over refresh time, per view (DuckDB for the SQL shapes, arrangedb's own
 # snapshot operators for distinct and top_k)
-TARGETS = {"per region": 25.0, "max per customer": 10.0, "distinct": 10.0, "top_k": 10.0}
-MAX_QUERY = "SELECT customer_id, max(amount) AS hi FROM {orders} GROUP BY customer_id"
+TARGETS = {"per region": 25.0, "max per customer": 10.0, "mean per customer": 10.0,
+           "distinct": 10.0, "top_k": 10.0}
+PER_CUSTOMER = {   # DuckDB's queries of the per-customer views, and their output column
+    "max per customer": ("SELECT customer_id, max(amount) AS hi FROM {orders} "
+                         "GROUP BY customer_id", "hi"),
+    "mean per customer": ("SELECT customer_id, avg(amount) AS avg FROM {orders} "
+                          "GROUP BY customer_id", "avg"),
+}
 
 
 def _arrangedb(paths: dict, workdir: str) -> dict:
@@ -68,6 +77,7 @@ def _arrangedb(paths: dict, workdir: str) -> dict:
             "per region": lambda: group_by(join(orders, customers), by="region",
                                            aggs=_orders.AGGS),
             "max per customer": lambda: reduce(orders, {"hi": ("max", "amount")}),
+            "mean per customer": lambda: reduce(orders, {"avg": ("mean", "amount")}),
             "distinct": lambda: distinct(orders),
             "top_k": lambda: top_k(orders, 3, by="amount"),
         }
@@ -122,8 +132,9 @@ def _recompute(plans: dict, views: dict, out: dict) -> None:
         got = views[name].snapshot().read_all().select(fresh.column_names)
         out[f"{name}_equal"] = _same(got, fresh)
     out["per region_result"] = _orders.as_result(views["per region"].snapshot().read_all())
-    hi = views["max per customer"].snapshot().read_all()
-    out["max per customer_checksum"] = [hi.num_rows, float(np.sum(hi.column("hi")))]
+    for name, (_, col) in PER_CUSTOMER.items():
+        got = views[name].snapshot().read_all()
+        out[f"{name}_checksum"] = [got.num_rows, float(np.sum(got.column(col)))]
 
 
 def _same(a, b) -> bool:
@@ -144,18 +155,19 @@ def _duckdb(paths: dict, workdir: str) -> dict:
                f"FROM {orders} o LEFT JOIN delta d ON o.order_id = d.order_id)")
     _orders._duck_query(con, changed, customers)   # first-call costs
     out = {}
-    runs = {"per region": [], "max per customer": []}
+    runs = {"per region": [], **{name: [] for name in PER_CUSTOMER}}
     for _ in range(ROUNDS):
         t0 = time.perf_counter()
         region = _orders._duck_query(con, changed, customers)
         runs["per region"].append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        hi = con.execute(MAX_QUERY.format(orders=changed)).to_arrow_table()
-        runs["max per customer"].append(time.perf_counter() - t0)
+        for name, (query, col) in PER_CUSTOMER.items():
+            t0 = time.perf_counter()
+            got = con.execute(query.format(orders=changed)).to_arrow_table()
+            runs[name].append(time.perf_counter() - t0)
+            out[f"{name}_checksum"] = [got.num_rows, float(np.sum(got.column(col)))]
     for name, seconds in runs.items():
         out[f"{name}_seconds"] = float(np.median(seconds))
     out["per region_result"] = _orders.as_result(region)
-    out["max per customer_checksum"] = [hi.num_rows, float(np.sum(hi.column("hi")))]
     return out
 
 
@@ -179,14 +191,15 @@ def test_views_refresh_against_recomputing(benchmark, paths):
                              rounds=1, iterations=1)
     ours, duck = res["arrangedb"], res["duckdb"]
     assert not _orders.compare_results(ours["per region_result"], duck["per region_result"])
-    n_ours, s_ours = ours["max per customer_checksum"]
-    n_duck, s_duck = duck["max per customer_checksum"]
-    assert n_ours == n_duck and abs(s_ours - s_duck) <= 1e-9 * abs(s_duck)
+    for name in PER_CUSTOMER:
+        n_ours, s_ours = ours[f"{name}_checksum"]
+        n_duck, s_duck = duck[f"{name}_checksum"]
+        assert n_ours == n_duck and abs(s_ours - s_duck) <= 1e-9 * abs(s_duck), name
     assert ours["distinct_equal"] and ours["top_k_equal"]
     ratios = {
         "per region": duck["per region_seconds"] / ours["per region_refresh_seconds"],
-        "max per customer": (duck["max per customer_seconds"]
-                             / ours["max per customer_refresh_seconds"]),
+        **{name: duck[f"{name}_seconds"] / ours[f"{name}_refresh_seconds"]
+           for name in PER_CUSTOMER},
         "distinct": ours["distinct_recompute_seconds"] / ours["distinct_refresh_seconds"],
         "top_k": ours["top_k_recompute_seconds"] / ours["top_k_refresh_seconds"],
     }
