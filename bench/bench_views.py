@@ -10,11 +10,13 @@ with the natural code ``engine.view(plan)`` right after ``arrange``:
 - ``max per customer``: ``reduce(orders, max(amount))``, refreshed per touched key
   (their orders looked up, the max recomputed); against DuckDB's
   ``SELECT customer_id, max(amount) ... GROUP BY customer_id``.
-- ``mean per customer``: ``reduce(orders, mean(amount))``, refreshed from the count and
-  sum the view keeps per customer beside its rows; against DuckDB's ``avg`` per
-  customer. The issue sets no target for it: it is held to the max's.
 - ``distinct`` and ``top_k`` (the 3 largest amounts per customer) of orders, refreshed
   per touched key; against arrangedb's own snapshot operator recomputing them.
+
+A fifth view, ``mean per customer`` (``reduce(orders, mean(amount))``, refreshed from the
+count and sum it keeps per customer beside its rows), runs in an engine of its own,
+against DuckDB's ``avg`` per customer; the issue sets it no target. (Beside the four in
+one engine, its accumulators' merges would share the machine with their refreshes.)
 
 Times are of ``view.refresh()`` alone (the delta's ``insert`` is the same for every
 view and is reported beside them). The ratios are of the first delta after ``arrange``,
@@ -51,8 +53,8 @@ THREADS = 2
 ROUNDS = 3   # measurements per figure; the median is reported
 # recompute time over refresh time, per view (DuckDB for the SQL shapes, arrangedb's own
 # snapshot operators for distinct and top_k)
-TARGETS = {"per region": 25.0, "max per customer": 10.0, "mean per customer": 10.0,
-           "distinct": 10.0, "top_k": 10.0}
+TARGETS = {"per region": 25.0, "max per customer": 10.0, "mean per customer": None,
+           "distinct": 10.0, "top_k": 10.0}   # None: reported, no target
 PER_CUSTOMER = {   # DuckDB's queries of the per-customer views, and their output column
     "max per customer": ("SELECT customer_id, max(amount) AS hi FROM {orders} "
                          "GROUP BY customer_id", "hi"),
@@ -61,7 +63,11 @@ PER_CUSTOMER = {   # DuckDB's queries of the per-customer views, and their outpu
 }
 
 
-def _arrangedb(paths: dict, workdir: str) -> dict:
+VIEWS = ("per region", "max per customer", "distinct", "top_k")   # the issue's four
+ALONE = ("mean per customer",)
+
+
+def _arrangedb(paths: dict, workdir: str, names: list[str]) -> dict:
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -81,7 +87,7 @@ def _arrangedb(paths: dict, workdir: str) -> dict:
             "distinct": lambda: distinct(orders),
             "top_k": lambda: top_k(orders, 3, by="amount"),
         }
-        views = {name: engine.view(make()) for name, make in plans.items()}
+        views = {name: engine.view(plans[name]()) for name in names}
         engine.wait_merged()
         delta = _orders.delta_updates(paths)
         undo = delta.set_column(3, "d", pc.negate(delta["d"]))
@@ -122,7 +128,7 @@ def _recompute(plans: dict, views: dict, out: dict) -> None:
     and every view's result, into ``out``."""
     import numpy as np
 
-    for name in ("distinct", "top_k"):
+    for name in [n for n in ("distinct", "top_k") if n in views]:
         runs = []
         for _ in range(ROUNDS):
             t0 = time.perf_counter()
@@ -131,8 +137,10 @@ def _recompute(plans: dict, views: dict, out: dict) -> None:
         out[f"{name}_recompute_seconds"] = float(np.median(runs))
         got = views[name].snapshot().read_all().select(fresh.column_names)
         out[f"{name}_equal"] = _same(got, fresh)
-    out["per region_result"] = _orders.as_result(views["per region"].snapshot().read_all())
-    for name, (_, col) in PER_CUSTOMER.items():
+    if "per region" in views:
+        out["per region_result"] = _orders.as_result(
+            views["per region"].snapshot().read_all())
+    for name, (_, col) in [(n, q) for n, q in PER_CUSTOMER.items() if n in views]:
         got = views[name].snapshot().read_all()
         out[f"{name}_checksum"] = [got.num_rows, float(np.sum(got.column(col)))]
 
@@ -171,11 +179,13 @@ def _duckdb(paths: dict, workdir: str) -> dict:
     return out
 
 
-def run(system: str, scale: float) -> dict:
-    """One system's figures, measured in a subprocess of its own."""
+def run(system: str, scale: float, names=()) -> dict:
+    """One system's figures (arrangedb's for the views ``names``, in one engine),
+    measured in a subprocess of its own."""
     with tempfile.TemporaryDirectory(prefix="arrangedb-bench-views-") as workdir:
-        proc = subprocess.run([sys.executable, __file__, system, str(scale), workdir],
-                              capture_output=True, text=True, timeout=3600)
+        proc = subprocess.run([sys.executable, __file__, system, str(scale), workdir,
+                               ",".join(names)], capture_output=True, text=True,
+                              timeout=3600)
         if proc.returncode != 0:
             raise RuntimeError(f"{system} worker failed:\n{proc.stderr[-4000:]}")
         return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -186,23 +196,32 @@ def paths():
     return _orders.ensure_data(SCALE)
 
 
-def test_views_refresh_against_recomputing(benchmark, paths):
-    res = benchmark.pedantic(lambda: {s: run(s, SCALE) for s in ("arrangedb", "duckdb")},
-                             rounds=1, iterations=1)
-    ours, duck = res["arrangedb"], res["duckdb"]
+@pytest.fixture(scope="module")
+def duck(paths):
+    return run("duckdb", SCALE)
+
+
+def test_views_refresh_against_recomputing(benchmark, paths, duck):
+    ours = benchmark.pedantic(lambda: run("arrangedb", SCALE, VIEWS), rounds=1, iterations=1)
     assert not _orders.compare_results(ours["per region_result"], duck["per region_result"])
-    for name in PER_CUSTOMER:
+    assert ours["distinct_equal"] and ours["top_k_equal"]
+    _check(benchmark, ours, duck, VIEWS)
+
+
+def test_a_mean_view_alone_against_duckdb(benchmark, paths, duck):
+    ours = benchmark.pedantic(lambda: run("arrangedb", SCALE, ALONE), rounds=1, iterations=1)
+    _check(benchmark, ours, duck, ALONE)
+
+
+def _check(benchmark, ours: dict, duck: dict, names) -> None:
+    """The results checked, the ratios and memory reported and asserted."""
+    for name in [n for n in PER_CUSTOMER if n in names]:
         n_ours, s_ours = ours[f"{name}_checksum"]
         n_duck, s_duck = duck[f"{name}_checksum"]
         assert n_ours == n_duck and abs(s_ours - s_duck) <= 1e-9 * abs(s_duck), name
-    assert ours["distinct_equal"] and ours["top_k_equal"]
-    ratios = {
-        "per region": duck["per region_seconds"] / ours["per region_refresh_seconds"],
-        **{name: duck[f"{name}_seconds"] / ours[f"{name}_refresh_seconds"]
-           for name in PER_CUSTOMER},
-        "distinct": ours["distinct_recompute_seconds"] / ours["distinct_refresh_seconds"],
-        "top_k": ours["top_k_recompute_seconds"] / ours["top_k_refresh_seconds"],
-    }
+    ratios = {name: (ours[f"{name}_recompute_seconds"] if name in ("distinct", "top_k")
+                     else duck[f"{name}_seconds"]) / ours[f"{name}_refresh_seconds"]
+              for name in names}
     benchmark.extra_info.update({"scale": SCALE, "insert_seconds": ours["insert_seconds"],
                                  **{f"{k}_ratio": v for k, v in ratios.items()},
                                  **{k: v for k, v in ours.items() if k.endswith("seconds")}})
@@ -211,24 +230,26 @@ def test_views_refresh_against_recomputing(benchmark, paths):
     for name, r in ratios.items():
         print(f"  {name:18} refresh {ours[f'{name}_refresh_seconds']:.3f} s "
               f"({ours[f'{name}_kind']}); recompute / refresh = {r:.1f}x "
-              f"(target {TARGETS[name]}x); peak RSS {ours[f'{name}_peak_rss'] / 2**20:.0f} "
+              f"(target {TARGETS[name] or 'none'}x); "
+              f"peak RSS {ours[f'{name}_peak_rss'] / 2**20:.0f} "
               f"MiB ({ours[f'{name}_peak_over_start'] / 2**20:+.0f} MiB over its start); "
               f"rounds {', '.join(f'{x:.3f}' for x in ours[f'{name}_refresh_runs'])} s")
     from arrangedb.pager import RSS_ALLOWANCE as allowance
-    for name in TARGETS:
+    for name in names:
         assert ours[f"{name}_peak_rss"] <= ours["budget"] + allowance, name
     if FULL:
-        missed = {n: r for n, r in ratios.items() if r < TARGETS[n]}
+        missed = {n: r for n, r in ratios.items() if TARGETS[n] and r < TARGETS[n]}
         if missed:   # named, not hidden
             pytest.xfail("below target: " + ", ".join(
                 f"{n} {r:.1f}x (target {TARGETS[n]}x)" for n, r in missed.items()))
 
 
-def _main(system: str, scale: str, workdir: str) -> None:
+def _main(system: str, scale: str, workdir: str, names: str = "") -> None:
     paths = _orders.ensure_data(float(scale))
-    out = _arrangedb(paths, workdir) if system == "arrangedb" else _duckdb(paths, workdir)
+    out = _arrangedb(paths, workdir, names.split(",")) if system == "arrangedb" \
+        else _duckdb(paths, workdir)
     print(json.dumps(out))
 
 
 if __name__ == "__main__":
-    _main(*sys.argv[1:4])
+    _main(*sys.argv[1:5])

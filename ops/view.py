@@ -180,6 +180,7 @@ class View(Trace):
                     Trace.advance_upper(self, target)
                     if self.state is None:
                         self.build_state()
+                    self.ctx.settle()   # what the refresh freed, given back once RSS is high
                     self.refreshes += 1
             finally:
                 self._refreshing = False
@@ -354,7 +355,8 @@ class View(Trace):
         uppers = [t.upper() for t in self.inputs]
         s.update(input_uppers=uppers, lag=max(uppers) - self._upper,
                  refresh_kind=self.kind, refreshes=self.refreshes,
-                 keys_from_state=self.keys_from_state, keys_recomputed=self.keys_recomputed)
+                 keys_from_state=self.keys_from_state, keys_recomputed=self.keys_recomputed,
+                 state_updates=self.state.updates() if self.state is not None else 0)
         return s
 
 

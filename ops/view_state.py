@@ -17,6 +17,8 @@ checkpoint: a resumed view builds it again from its loaded input, one pass
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -45,13 +47,13 @@ def buildable(trace, upper: int) -> bool:
     return upper == 0 or trace.since <= upper - 1
 
 
-class Advance:
-    """What one time's changes did to the state, per key of the changes (in their order):
-    ``rows`` each key's new row count; ``means[c]`` (count, sum) of column c's non-null
-    values; ``distinct[c]`` the change of the number of column c's distinct values."""
+class Advance(NamedTuple):
+    """What one time's changes did to the state, per key of the changes (in their
+    order)."""
 
-    def __init__(self, rows, means, distinct):
-        self.rows, self.means, self.distinct = rows, means, distinct
+    rows: np.ndarray        # each key's new row count
+    means: dict             # column -> (count, sum) of its non-null values
+    distinct: dict          # column -> the change of its number of distinct values
 
 
 class ReduceState:

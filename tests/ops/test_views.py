@@ -225,6 +225,7 @@ def test_a_resumed_view_of_means_builds_its_accumulators_from_its_inputs(tmp_pat
         assert _bag(got.drop_columns(["count"]), None) == _bag(plan.read_all(), None)
         s = view.stats()
         assert s["refreshes"] == 1 and s["keys_from_state"] > 0 and s["keys_recomputed"] == 0
+        assert s["state_updates"] > 0
 
 
 def test_a_failed_refresh_leaves_the_view_exact_at_its_next(tmp_path, monkeypatch):
