@@ -230,7 +230,7 @@ def _check(benchmark, ours: dict, duck: dict, names) -> None:
     for name, r in ratios.items():
         print(f"  {name:18} refresh {ours[f'{name}_refresh_seconds']:.3f} s "
               f"({ours[f'{name}_kind']}); recompute / refresh = {r:.1f}x "
-              f"(target {TARGETS[name] or 'none'}x); "
+              f"(target {f'{TARGETS[name]}x' if TARGETS[name] else 'none'}); "
               f"peak RSS {ours[f'{name}_peak_rss'] / 2**20:.0f} "
               f"MiB ({ours[f'{name}_peak_over_start'] / 2**20:+.0f} MiB over its start); "
               f"rounds {', '.join(f'{x:.3f}' for x in ours[f'{name}_refresh_runs'])} s")

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from arrangedb.ops.reduce import reduce
-from arrangedb.spine import Columns, Trace, codes
+from arrangedb.spine import Columns, Trace, codes, together
 
 ROWS = "rows"
 _D = "__state_diff"
@@ -75,6 +75,8 @@ class ReduceState:
             self.pairs[c] = Trace(trace.ctx, schema, None,
                                   Columns(self.key_names + [c], None, None, _D),
                                   f"{trace.name or 'trace'}.pairs.{c}")
+        for t in self._traces():   # read at their latest only: no lone compaction
+            t.exertion = together
         self._handles = [t.handle() for t in self._traces()]
 
     def _traces(self) -> list[Trace]:
@@ -125,6 +127,7 @@ class ReduceState:
                 yield from t.cast(schema).to_batches()
         reader = pa.RecordBatchReader.from_batches(schema, gen())
         trace.add_runs(trace.runs.build(reader, False, _D))
+        trace.notify_idle()   # the runs merge in idle time, not at the first refresh
 
     def advance(self, keys: pa.Table, per_key: pa.Table, changes: pa.Table) -> Advance:
         """Apply one time's ``changes``; ``keys``: their distinct keys, sorted, and

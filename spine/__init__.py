@@ -20,6 +20,7 @@ from arrangedb.spine.data.updates import Updates, is_constant
 from arrangedb.spine.read.cursor import (Block, batch_part_blocks, blocks, co_blocks,
                                          part_blocks)
 from arrangedb.spine.storage.dictionaries import dictionary_schema
+from arrangedb.spine.build.exertion import together
 from arrangedb.spine.handle import TraceHandle
 from arrangedb.spine.trace import Trace
 from arrangedb.spine.engine import Engine, engine_for
@@ -29,5 +30,5 @@ __all__ = [
     "absolute_codes", "is_absolute",
     "batch_part_blocks", "blocks", "co_blocks", "codes", "consolidate", "count_through",
     "dictionary_schema", "engine_for", "is_constant", "open_batches", "part_blocks", "ranges", "roles",
-    "sort_rows",
+    "sort_rows", "together",
 ]

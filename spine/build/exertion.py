@@ -41,6 +41,15 @@ def default_exertion(levels: list[LevelState]) -> int | None:
     return None
 
 
+def together(levels: list[LevelState]) -> int | None:
+    """:func:`default_exertion` without compacting a lone batch: for traces read only at
+    their latest time, whose old versions cancel when their batches merge anyway (a
+    lone batch's compaction rewrites every update to advance its times)."""
+    if len(levels) > 1 or any(s.merging for s in levels):
+        return SLICE_FUEL
+    return None
+
+
 def never(levels: list[LevelState]) -> None:
     """A policy for traces that should only merge when inserts pay for it."""
     return None
