@@ -106,7 +106,7 @@ def _points(spill_root, tmp_path, name, monkeypatch) -> list[str]:
         s.close()
 
 
-def _sample(points: list[str], most: int = 14) -> list[int]:
+def _sample(points: list[str], most: int = 10) -> list[int]:
     """Fault points to try, 1-based: all when few, else every kind's first and last and
     an even spread."""
     n = len(points)
