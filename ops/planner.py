@@ -88,19 +88,25 @@ def eager_aggregation(node: Node) -> Node | None:
     return _conformed(fused, node.schema)
 
 
+def coded_group_columns(g: dict, j: dict) -> list[str]:
+    """The group columns of ``group_by(join(...))`` (their params ``g``, ``j``) that the
+    join can hand over as dictionary codes: string and binary vals of either side."""
+    left, right = j["left"], j["right"]
+    lnames, rnames = prefixed_names(left.key_names, left.val_names, right.val_names)
+    vals = {n: f.type for n, f in zip(lnames, left.val_schema or [])}
+    if j["how"] in ("inner", "left"):
+        vals.update((n, f.type) for n, f in zip(rnames, right.val_schema or []))
+    return [b for b in names(g["by"]) if b in vals and dictionary_readable(vals[b])
+            and not pa.types.is_integer(vals[b])]
+
+
 def dictionary_codes(node: Node) -> Node | None:
     found = _joined(node)
     if found is None:
         return None
     g, j = found
-    left, right = j["left"], j["right"]
     asked = names(j["read_dictionary"] or [])
-    lnames, rnames = prefixed_names(left.key_names, left.val_names, right.val_names)
-    vals = {n: f.type for n, f in zip(lnames, left.val_schema or [])}
-    if j["how"] in ("inner", "left"):
-        vals.update((n, f.type) for n, f in zip(rnames, right.val_schema or []))
-    wanted = [b for b in names(g["by"]) if b in vals and b not in asked
-              and dictionary_readable(vals[b]) and not pa.types.is_integer(vals[b])]
+    wanted = [b for b in coded_group_columns(g, j) if b not in asked]
     if not wanted:
         return None
     note = (f"dictionary codes: the group column{'s' if len(wanted) > 1 else ''} "

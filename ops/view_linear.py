@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from arrangedb.ops.group_by import group_by
 from arrangedb.ops.join import join
-from arrangedb.ops.planner import params
+from arrangedb.ops.planner import coded_group_columns, params
 from arrangedb.ops.view_delta import DIFF, as_retractions, by_time, delta_schema
 from arrangedb.spine import Trace
 
@@ -27,12 +27,17 @@ def apply_linear(view, lower: int, upper: int) -> bool:
     inserted) when a summed column's changes hold a null."""
     g = params(view.plan._node)
     j = params(g["stream"]._node)
-    changes = join(j["left"], j["right"], since=lower, upto=upper).read_all()
+    # string group columns as codes, as the planner reads them for the plan itself
+    changes = join(j["left"], j["right"], since=lower, upto=upper,
+                   read_dictionary=coded_group_columns(g, j) or None).read_all()
     if any(changes.column(c).null_count for c in summed(g["aggs"])):
         return False
     for t, (at_t,) in by_time([changes]):
         delta = group_by(at_t.drop_columns(["time"]), g["by"], g["aggs"],
                          weight="diff", engine=g["engine"]).read_all()
+        delta = delta.cast(pa.schema([view.key_schema.field(f.name)
+                                      if f.name in view.key_names else f
+                                      for f in delta.schema]))
         view.insert_delta(added(view, delta, g["aggs"]), t)
     return True
 
