@@ -145,7 +145,7 @@ class View(Trace):
         self.inputs = traces_of(node)
         if not self.inputs:
             raise ValueError("a view needs a plan that reads at least one trace")
-        self.kind = kind_of(node)
+        self.kind = kind_of(node, self.key_names)
         if self.kind == "linear" and summed_nulls(node):
             self.kind = "whole"   # a group of nulls alone sums to null: not from changes
         self._refreshing = False

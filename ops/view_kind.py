@@ -29,10 +29,15 @@ def traces_of(node) -> list:
     return out
 
 
-def kind_of(node) -> str:
+def kind_of(node, key: list[str]) -> str:
+    """How the view of ``node`` keyed by ``key`` refreshes. The paths that recompute
+    keys need the view keyed as the operator's output is (by its input's key, or its
+    group columns): another key is refreshed whole."""
     direct = node.inputs()
     if node.op in PER_KEY_OPS and params(node).get("since") is not None:
         return "whole"   # a view of an operator's changes: no key to recompute
+    if node.op in PER_KEY_OPS and list(key) != default_key(node):
+        return "whole"
     if node.op in PER_KEY_OPS and direct and all(isinstance(x, Trace) for x in direct):
         if node.op == "reduce":
             p = params(node)
@@ -55,7 +60,7 @@ def kind_of(node) -> str:
             counted = any(fn == "count" and col is None for fn, col in aggs.values())
             if (j["how"] == "inner" and j["at"] is None and j["since"] is None
                     and isinstance(j["left"], Trace) and isinstance(j["right"], Trace)
-                    and linear and counted):
+                    and linear and counted and sorted(key) == sorted(names(g["by"]))):
                 return "linear"
     return "whole"
 
