@@ -34,19 +34,19 @@ def kind_of(node, key: list[str]) -> str:
     keys need the view keyed as the operator's output is (by its input's key, or its
     group columns): another key is refreshed whole."""
     direct = node.inputs()
-    if node.op in PER_KEY_OPS and params(node).get("since") is not None:
-        return "whole"   # a view of an operator's changes: no key to recompute
+    if node.op in PER_KEY_OPS and (params(node).get("since") is not None
+                                   or params(node).get("at") is not None):
+        return "whole"   # an operator's changes, or its output at a fixed time
     if node.op in PER_KEY_OPS and list(key) != default_key(node):
         return "whole"
     if node.op in PER_KEY_OPS and direct and all(isinstance(x, Trace) for x in direct):
         if node.op == "reduce":
             p = params(node)
-            if p["at"] is None and p["since"] is None and stored_eligible(
-                    checked_aggs(p), p["trace"].val_schema):
+            if stored_eligible(checked_aggs(p), p["trace"].val_schema):
                 return "stored aggregates"
-        if node.op == "top_k" and params(node)["at"] is None:
+        if node.op == "top_k":
             return "stored top k"
-        if node.op == "distinct" and params(node)["at"] is None:
+        if node.op == "distinct":
             return "changed rows"
         return "per key"
     if node.op == "group_by" and not node.one_shot:
