@@ -77,6 +77,7 @@ class View(Trace):
     inputs: tuple = ()
     _refreshing = False
     state = None         # a reduce view's accumulators (ops/view_state.py), if it keeps any
+    _holds: list = []    # a handle on each input (bind)
 
     @classmethod
     def made(cls, engine, plan, key=None, name=None) -> "View":
@@ -106,6 +107,7 @@ class View(Trace):
         else:
             view.add_runs(view.runs.build(reader, False, weight or False))
         Trace.advance_upper(view, max(upper, 1))
+        view._hold_history()
         view.build_state()
         view.notify_idle()
         return view
@@ -154,6 +156,17 @@ class View(Trace):
         self.keys_from_state = self.keys_recomputed = 0
         for t in self.inputs:
             t.add_view(self)
+        # the inputs keep the history the view has yet to read: a reader's handle, as a
+        # differential dataflow operator holds the traces it reads
+        self._holds = [t.handle(holds_only=True) for t in self.inputs]
+        self._hold_history()
+
+    def _hold_history(self) -> None:
+        # through upper - 1: compaction to a frontier moves earlier times onto it, and
+        # none of the times read already may move to one the view has yet to read
+        for h in self._holds:
+            if self._upper - 1 > h.logical:
+                h.set_logical_compaction(self._upper - 1)
 
     # -- refreshing ---------------------------------------------------------------------
     def refresh(self) -> int:
@@ -178,6 +191,7 @@ class View(Trace):
                             self._drop_state()
                             raise
                     Trace.advance_upper(self, target)
+                    self._hold_history()
                     if self.state is None:
                         self.build_state()
                     self.ctx.settle()   # what the refresh freed, given back once RSS is high
@@ -264,6 +278,8 @@ class View(Trace):
 
     def close(self) -> None:
         self._drop_state()
+        for h in self._holds:
+            h.close()
         super().close()
 
     def insert_delta(self, delta: pa.Table | None, time: int) -> None:

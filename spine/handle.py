@@ -11,11 +11,15 @@ from __future__ import annotations
 class TraceHandle:
     """A shared reader's hold on a trace's history (logical) and batch boundaries (physical)."""
 
-    def __init__(self, trace):
+    def __init__(self, trace, holds_only: bool = False):
         self._trace = trace
         self.logical = trace.since
         self.physical: int | None = None
         self.closed = False
+        # a hold (a view's on its inputs) keeps history that other handles would let
+        # go, but never lets a trace compact by itself: one with no other handle keeps
+        # all its history, as before the view
+        self.holds_only = holds_only
 
     @property
     def trace(self):

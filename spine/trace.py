@@ -217,10 +217,10 @@ class Trace:
         """The batches of the last committed write, oldest first (what a read walks)."""
         return self.spine.batches()
 
-    def handle(self) -> "TraceHandle":
-        """A shared reader handle, holding the trace's history from its current frontier."""
+    def handle(self, holds_only: bool = False) -> "TraceHandle":
+        """A shared reader handle, holding the trace's history from its frontier on."""
         self._check_open()
-        h = TraceHandle(self)
+        h = TraceHandle(self, holds_only)
         self._handles.append(weakref.ref(h))
         return h
 
@@ -233,7 +233,7 @@ class Trace:
     def update_frontiers(self) -> None:
         with self._write_lock:
             live = self._live_handles()
-            if live:
+            if not all(h.holds_only for h in live):
                 logical = min(h.logical for h in live)
                 if logical > self.spine.since:
                     self.spine.set_since(logical)
@@ -338,7 +338,7 @@ class Trace:
             "peak_rss_bytes": budget.peak_rss if budget is not None else 0,
             "since": self.spine.since,
             "upper": self._upper,
-            "handles": len(self._live_handles()),
+            "handles": sum(not h.holds_only for h in self._live_handles()),
             "views": len(self._views),
             "merges_in_progress": sum(1 for lvl in self.spine.levels
                                       if lvl is not None and lvl.merging),

@@ -246,6 +246,31 @@ def test_a_view_of_a_plan_at_a_fixed_time_keeps_that_times_output(tmp_path, make
         assert _bag(got) == _bag(plan.read_all(), weight)
 
 
+def test_a_view_holds_its_inputs_history_from_its_upper_on(tmp_path):
+    """A reader compacting an input does not take away the times the view has yet to
+    read; and the view alone never compacts its inputs (old times stay readable)."""
+    rng = np.random.default_rng(10)
+    with arrangedb.Engine(spill_dir=tmp_path, memory_budget="64MiB") as e:
+        facts = e.arrange(_facts(rng, 200, 30, False), key=["k"], vals=["x", "y"])
+        plan = reduce(facts, {"n": ("count", None), "m": ("mean", "x")})
+        view = e.view(plan)
+        for _ in range(3):
+            facts.insert(_delta(rng, facts, 30, 30, False), diff="d")
+        facts.merge_all()
+        assert facts.since == 0 and facts.snapshot(at=0).read_all().num_rows > 0
+        assert facts.stats()["handles"] == 0   # the view's hold is not a user's handle
+        h = facts.handle()
+        h.set_logical_compaction(facts.upper())
+        facts.merge_all()
+        assert facts.since == view.upper() - 1   # held where the view has read through
+        got = view.snapshot().read_all()
+        assert _bag(got.drop_columns(["count"]), None) == _bag(plan.read_all(), None)
+        view.close()   # its hold goes: the reader's frontier applies
+        facts.merge_all()
+        assert facts.since == facts.upper()
+        h.close()
+
+
 STATE_AGGS = {"m": ("mean", "x"), "u": ("count_distinct", "y"), "n": ("count", None)}
 
 
