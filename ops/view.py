@@ -165,8 +165,7 @@ class View(Trace):
         # through upper - 1: compaction to a frontier moves earlier times onto it, and
         # none of the times read already may move to one the view has yet to read
         for h in self._holds:
-            if self._upper - 1 > h.logical:
-                h.set_logical_compaction(self._upper - 1)
+            h.release_through(self._upper - 1)
 
     # -- refreshing ---------------------------------------------------------------------
     def refresh(self) -> int:

@@ -33,6 +33,14 @@ class TraceHandle:
         self.logical = int(frontier)
         self._trace.update_frontiers()
 
+    def release_through(self, frontier: int) -> None:
+        """A hold's ``set_logical_compaction``, without taking the trace's write lock
+        (a merge slice may hold it): the trace applies it at its next write. Letting
+        go of history late is always safe."""
+        if not self.holds_only:
+            raise ValueError("release_through is for holds: use set_logical_compaction")
+        self.logical = max(self.logical, int(frontier))
+
     def set_physical_compaction(self, frontier: int) -> None:
         """Allow the trace to merge away batch boundaries before ``frontier``."""
         if self.physical is not None and frontier < self.physical:
