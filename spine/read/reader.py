@@ -206,7 +206,7 @@ def seek_parts(batch: Batch, keys: pa.Table) -> np.ndarray:
     """For each (sorted) query key, the index of the part that may hold it (-1: before all)."""
     if not batch.parts:
         return np.full(keys.num_rows, -1)
-    firsts = pa.concat_tables([p.first_key for p in batch.parts])
+    firsts = batch.first_keys()
     names = keys.column_names
     qc, fc = codes([keys, firsts.rename_columns(names)], names)
     return np.searchsorted(fc, qc, side="right") - 1

@@ -29,6 +29,7 @@ class Batch:
         self._finalizer = None
         self._on_drop = None
         self._nonnegative = None
+        self._first_keys = None
         # (directory, manifest entries) of the checkpoint files holding these updates
         self.checkpointed: tuple[str, list[dict]] | None = None
         if pagefile is not None:
@@ -46,6 +47,14 @@ class Batch:
         if self._nonnegative is None:
             self._nonnegative = all(p.min_diff() >= 0 for p in self.parts)
         return self._nonnegative
+
+    def first_keys(self) -> pa.Table:
+        """Each part's first key, a row per part: found once (a batch's keys never
+        change; paging a resident batch out keeps its parts' bounds)."""
+        if self._first_keys is None:
+            self._first_keys = pa.concat_tables(
+                [p.first_key for p in self.parts]).combine_chunks()
+        return self._first_keys
 
     def keep_file(self) -> None:
         """The page file now belongs to a checkpoint directory (a manifest names it): once
