@@ -70,7 +70,8 @@ def per_key_changes(traces: list, since: int, upto: int | None, schema: pa.Schem
                       for t, d in zip(traces, dictionary)]
             for arrays, counts in rows_of(*looked):
                 if len(counts):
-                    key_of = _key_index(keys, arrays[:nk])
+                    key_of = key_index(keys, pa.Table.from_arrays(
+                        arrays[:nk], names=keys.column_names))
                     pieces.append((arrays, last[key_of], sign * counts))
         if pieces:
             yield from consolidated(pieces, nk, schema)
@@ -101,12 +102,12 @@ def _touched(changed: tuple[Block, ...], traces: list) -> tuple[pa.Table, np.nda
     return per_key.select(names), per_key.column("__time_max").to_numpy()
 
 
-def _key_index(keys: pa.Table, key_columns: list[pa.Array]) -> np.ndarray:
-    """Each output row's key's position in ``keys``."""
-    out = pa.Table.from_arrays(key_columns, names=keys.column_names)
-    kc, oc = codes([keys, out], keys.column_names)
+def key_index(keys: pa.Table, rows: pa.Table) -> np.ndarray:
+    """Each row's key's position in ``keys`` (distinct; ``rows`` holds its columns under
+    the same names, every row's key among them)."""
+    kc, rc = codes([keys, rows], keys.column_names)
     order = np.argsort(kc, kind="stable")
-    return order[np.searchsorted(kc, oc, sorter=order)]
+    return order[np.searchsorted(kc, rc, sorter=order)]
 
 
 def consolidated(pieces, nk: int, schema: pa.Schema, distinct: bool = False):

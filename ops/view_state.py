@@ -23,8 +23,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from arrangedb.ops.per_key import key_index
 from arrangedb.ops.reduce import reduce
-from arrangedb.spine import Columns, Trace, codes, together
+from arrangedb.spine import Columns, Trace, together
 
 ROWS = "rows"
 _D = "__state_diff"
@@ -172,9 +173,7 @@ class ReduceState:
         after = before + t.column("diff_sum").to_numpy()
         crossed = ((before <= 0) & (after > 0)).astype(np.int64) - \
             ((before > 0) & (after <= 0))
-        kc, pair_kc = codes([keys, t], self.key_names)
-        order = np.argsort(kc, kind="stable")
-        at = order[np.searchsorted(kc, pair_kc, sorter=order)]
+        at = key_index(keys, t.select(self.key_names))
         self.pairs[c].insert(t, time=False, diff="diff_sum")
         return np.bincount(at, weights=crossed, minlength=keys.num_rows).astype(np.int64)
 
