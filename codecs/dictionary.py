@@ -197,10 +197,14 @@ class Dictionary(Codec):
         return pa.DictionaryArray.from_arrays(index, dictionary, safe=False)
 
     def take(self, version, meta, buffers, rows):
-        """Strings at ``rows`` from the codes at ``rows``: a lookup touching a few rows
-        of a part gathers only their strings, never the whole column's."""
-        if meta["kind"] == "numpy" or meta["cardinality"] == 0:
+        """Values at ``rows`` from the codes at ``rows``: a lookup touching a few rows
+        of a part gathers only their values, never the whole column's."""
+        if meta["cardinality"] == 0:
             return super().take(version, meta, buffers, rows)
+        if meta["kind"] == "numpy":   # a merged batch's times and diffs: no range decode
+            n = meta_length(meta)
+            _, codes_buf, dictionary = _parts(meta, buffers, n, 0, n)
+            return np.take(dictionary, _codes_at(codes_buf, meta, n, len(dictionary), rows))
         return self.take_dictionary(version, meta, buffers, rows).dictionary_decode()
 
     def take_dictionary(self, version, meta, buffers, rows) -> pa.DictionaryArray | None:

@@ -255,9 +255,9 @@ def select_vals(part: PartLayout, key_index: np.ndarray
     if k_lens is None:
         k_lens = np.ones(len(key_index), dtype=np.int64)
     bounds = part.val_bounds if part.vals is not None else part.key_bounds
-    stored = bounds[leaves + 1].astype(np.int64) - bounds[leaves].astype(np.int64)
+    first, end = np.split(bounds[np.concatenate([leaves, leaves + 1])].astype(np.int64), 2)
+    stored = end - first
     counts = np.where(stored == 0, 1, stored)
-    first = bounds[leaves].astype(np.int64)
     starts = np.where(stored == 0, first - 1, first)
     upd_idx = ranges(starts, counts)
     leaf_owner = np.repeat(np.arange(len(key_index)), k_lens)

@@ -191,15 +191,14 @@ class PagedPart(Part):
         # dense keys are computed, not read; key bounds stored as offsets are computed
         # (a dimension's one val per key: a stride) or gathered at the rows indexed, not
         # decoded whole: a lookup of a few keys pays for those
-        bounds = self.columns.get("key_bounds")
-        computed = bounds is not None and bounds[0]["codec"] == "offsets" and bounds[0][
-            "meta"].get("form") in ("stride", "const", "narrow", "split")
+        computed = _gathered(self.columns.get("key_bounds"))
+        vals_gathered = not singleton and _gathered(self.columns.get("val_bounds"))
         # the one (time, diff) is kept once read: every lookup of the part would map,
         # decode and release two regions for two numbers
         held = getattr(self, "_one_update", None) if singleton else None
         cols = self._decode((() if dense else ("keys",)) + (() if computed else ("key_bounds",))
-                            + (("val_bounds",) if not singleton else
-                               () if held is not None else ("times", "diffs")),
+                            + (() if singleton or vals_gathered else ("val_bounds",))
+                            + (("times", "diffs") if singleton and held is None else ()),
                             self.cache)
         if singleton:
             if held is None:
@@ -209,7 +208,9 @@ class PagedPart(Part):
         if dense:
             cols["keys"] = _DenseKeys(self.dense_first_key(), key_schema)
         if computed:
-            cols["key_bounds"] = _Rows(self, bounds[0])
+            cols["key_bounds"] = _Rows(self, self.columns["key_bounds"][0])
+        if vals_gathered:
+            cols["val_bounds"] = _Rows(self, self.columns["val_bounds"][0])
         if self.columns.get("vals") is not None:
             cols["vals"] = _RowsTable(self, self.columns["vals"], val_schema, dictionary)
         if not singleton:
@@ -258,6 +259,13 @@ class PagedPart(Part):
 
 def _table(columns: list | None, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _gathered(groups: list | None) -> bool:
+    """Whether a bounds column is stored as offsets a lookup reads at its rows (computed
+    from a stride or a constant, or gathered from narrow offsets), not decoded whole."""
+    return groups is not None and groups[0]["codec"] == "offsets" and groups[0][
+        "meta"].get("form") in ("stride", "const", "narrow", "split")
 
 
 def _stored_length(group: dict) -> int | None:
