@@ -4,7 +4,7 @@ For ``reduce(trace, aggs)``, the view's own row of a key is the state its next v
 computed from (the way a maintained aggregate keeps its running value): a key's change
 at one time is summed into its counts and sums, and its new maximum is the larger of
 the stored one and the values inserted -- as long as no value retracted reaches the
-stored maximum (minimums alike). Means and counts of distinct values come from the
+stored maximum, or a value inserted reaches it too (minimums alike). Means and counts of distinct values come from the
 accumulators the view keeps beside its rows (:mod:`arrangedb.ops.view_state`), which
 also count each key's rows. Only keys where that does not hold -- the extreme
 retracted, a null among the changed values or the stored aggregates of a sum, minimum
@@ -124,11 +124,13 @@ def stored_delta(view, aggs: dict, changes: pa.Table, state=None
         else:
             ins, has_in = _values(per_key.column(f"{c}__in_{fn}"), dtype)
             out, has_out = _values(per_key.column(f"{c}__out_{fn}"), dtype)
+            # the stored extreme holds unless a value retracted reaches it; an inserted
+            # value beyond it is the new extreme whatever was retracted
             if fn == "max":
-                stays = ~has_out | (out < prev)
+                stays = ~has_out | (out < prev) | (has_in & (ins >= prev))
                 value = np.where(has_in, np.maximum(prev, ins), prev)
             else:
-                stays = ~has_out | (out > prev)
+                stays = ~has_out | (out > prev) | (has_in & (ins <= prev))
                 value = np.where(has_in, np.minimum(prev, ins), prev)
             # a new group: its extreme is what was inserted, if nothing was retracted
             value = np.where(had, value, ins)

@@ -298,6 +298,26 @@ def test_a_resumed_view_of_means_builds_its_accumulators_from_its_inputs(tmp_pat
         assert s["state_updates"] > 0
 
 
+def test_an_extreme_retracted_and_passed_by_an_insert_is_kept_from_state(tmp_path):
+    """A key whose maximum (minimum) is retracted while a larger (smaller) value is
+    inserted takes the inserted value from its stored row: no group is re-read. A key
+    whose extreme is retracted and not passed is recomputed."""
+    with arrangedb.Engine(spill_dir=tmp_path, memory_budget="64MiB") as e:
+        facts = e.arrange(pa.table({"k": [1, 1, 1, 2, 2, 2], "x": [5, 3, 9, 4, 8, 6]}),
+                          key=["k"], vals=["x"])
+        view = e.view(reduce(facts, {"hi": ("max", "x"), "lo": ("min", "x")}))
+        view.refresh()
+        # key 1: max 9 -> 12 and min 3 -> 1 retracted and passed; key 2: max 8 retracted
+        facts.insert(pa.table({"k": [1, 1, 1, 1, 2], "x": [9, 12, 3, 1, 8],
+                               "d": [-1, 1, -1, 1, -1]}), diff="d")
+        view.refresh()
+        got = view.snapshot().read_all().sort_by("k")
+        assert got.select(["k", "hi", "lo"]).to_pylist() == [
+            {"k": 1, "hi": 12, "lo": 1}, {"k": 2, "hi": 6, "lo": 4}]
+        s = view.stats()
+        assert s["keys_from_state"] == 1 and s["keys_recomputed"] == 1
+
+
 def test_a_failed_refresh_leaves_the_view_exact_at_its_next(tmp_path, monkeypatch):
     """A refresh that fails after the accumulators took its changes drops them: the next
     refresh recomputes the keys that need them and builds them again."""
