@@ -14,7 +14,7 @@ from arrangedb.spine.data.kernels import accumulate
 from arrangedb.spine.data.layout import ranges, select_vals
 from arrangedb.spine.data.codes import codes
 from arrangedb.spine.data.order import sort_order
-from arrangedb.spine.data.updates import Updates, concat_column
+from arrangedb.spine.data.updates import Updates, concat_column, is_constant
 from arrangedb.spine.read.reader import seek_parts
 from arrangedb.spine.storage.batch import Batch
 from arrangedb.spine.storage.dictionaries import dictionary_schema
@@ -67,15 +67,18 @@ def _lookup(trace, keys, at, read_dictionary, consolidate=True) -> pa.Table:
     if not found:
         return schema.empty_table()
     vals = pa.concat_tables([f[0] for f in found]) if found[0][0] is not None else None
-    t = concat_column([f[1] for f in found], np.uint64)
     diffs = concat_column([f[2] for f in found], np.int64)
     u = np.concatenate(found_u)
     if not consolidate and distinct_sorted:   # as stored: in query order per batch
-        rows = np.flatnonzero(t <= np.uint64(at)) if at is not None else None
-        if rows is not None and len(rows) < len(t):
+        # times are read only to drop those after ``at``: a part's one stored time (a
+        # stride-0 view) is judged once, not per row
+        if at is not None and any(_any_after(f[1], at) for f in found):
+            t = concat_column([f[1] for f in found], np.uint64)
+            rows = np.flatnonzero(t <= np.uint64(at))
             u, diffs = u[rows], diffs[rows]
             vals = vals.take(pa.array(rows)) if vals is not None else None
         return _record_table(schema, u, uq.take(u), vals, diffs)
+    t = concat_column([f[1] for f in found], np.uint64)
     if sources == 1 and len(t) and t[0] == t[-1] and (at is None or t[0] <= at) \
             and bool(np.all(t == t[0])):
         # one batch at one time: consolidated, in query order, a count per (key, val)
@@ -129,6 +132,14 @@ def _lookup_batch(key_names: list[str], batch: Batch, uq: pa.Table, found: list,
             found_u.append(qsel[hit][owner])
         finally:
             part.release()
+
+
+def _any_after(times: np.ndarray, at: int) -> bool:
+    """Whether any of ``times`` is after ``at``."""
+    if not len(times):
+        return False
+    top = times[0] if is_constant(times) else times.max()
+    return bool(top > np.uint64(at))
 
 
 def _key_table(keys, key_schema: pa.Schema) -> pa.Table:
