@@ -56,7 +56,7 @@ from arrangedb.ops.planner import params
 from arrangedb.ops.reduce import reduce_of_keys
 from arrangedb.ops.view_delta import (DIFF, VIEW_TIME, as_retractions, at_time,
                                       at_time_table, by_time, changed_only, delta_schema,
-                                      key_steps, plain_field, queries_rows)
+                                      key_steps, plain_field, queries_rows, step_bounds)
 from arrangedb.ops.view_linear import apply_linear, summed_nulls
 from arrangedb.ops.view_kind import checked_aggs, default_key, kind_of, traces_of
 from arrangedb.ops.view_reduce import stored_delta
@@ -234,7 +234,7 @@ class View(Trace):
 
     def _deltas(self, changes: list[pa.Table], time: int):
         """The view's change at ``time`` from its inputs' ``changes`` at that time, in
-        pieces of at most ``KEYS_PER_STEP`` touched keys."""
+        pieces of about ``KEYS_PER_STEP`` touched keys."""
         p = params(self.plan._node)
         if self.kind == "changed rows":   # distinct: rows whose count crosses zero
             for step in key_steps(changes[0], self.key_names, KEYS_PER_STEP):
@@ -259,9 +259,9 @@ class View(Trace):
         else:
             keys = self._touched_keys(changes)
         self.keys_recomputed += keys.num_rows
-        for lo in range(0, keys.num_rows, KEYS_PER_STEP):
-            yield self._per_key_delta(keys.slice(lo, KEYS_PER_STEP), time,
-                                      queries_rows(stored, lo, KEYS_PER_STEP))
+        for lo, hi in step_bounds(keys.num_rows, KEYS_PER_STEP):
+            yield self._per_key_delta(keys.slice(lo, hi - lo), time,
+                                      queries_rows(stored, lo, hi - lo))
 
     def build_state(self) -> None:
         """Build the accumulators a reduce view of means or distinct counts keeps beside

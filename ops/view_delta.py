@@ -44,7 +44,7 @@ def by_time(changes: list[pa.Table]):
 
 
 def key_steps(changes: pa.Table, keys: list[str], keys_per_step: int):
-    """``changes`` in slices of at most ``keys_per_step`` keys, in key order: (the
+    """``changes`` in slices of about ``keys_per_step`` keys (:func:`step_bounds`), in key order: (the
     slice, its rows' key index -- 0, 1, ... within it --, its distinct keys). What
     bounds a refresh's memory."""
     kc = codes([changes], keys)[0]
@@ -54,11 +54,19 @@ def key_steps(changes: pa.Table, keys: list[str], keys_per_step: int):
     first = np.ones(len(kc), dtype=bool)
     first[1:] = kc[1:] != kc[:-1]
     starts = np.append(np.flatnonzero(first), len(kc))
-    for lo in range(0, len(starts) - 1, keys_per_step):
-        hi = min(lo + keys_per_step, len(starts) - 1)
+    for lo, hi in step_bounds(len(starts) - 1, keys_per_step):
         step = changes.slice(starts[lo], starts[hi] - starts[lo])
         new_key = first[starts[lo]:starts[hi]]
         yield step, np.cumsum(new_key) - 1, step.select(keys).filter(pa.array(new_key))
+
+
+def step_bounds(n: int, per_step: int) -> list[tuple[int, int]]:
+    """``[0, n)`` in equal steps of about ``per_step`` (at most 1.5x it). A lookup of a
+    step visits every part its keys fall in, a few sparse keys nearly all of them: a
+    small remainder is better folded into the steps than looked up on its own."""
+    count = max(1, round(n / per_step))
+    edges = np.linspace(0, n, count + 1).round().astype(np.int64).tolist()
+    return [(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]
 
 
 def queries_rows(looked_up: pa.Table | None, lo: int, n: int) -> pa.Table | None:
