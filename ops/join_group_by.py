@@ -34,7 +34,6 @@ import pyarrow as pa
 from arrangedb.ops.aggregate import (LIMB_SEP, carried, check_aggs, decimal_limbs, int_limbs,
                                      numeric_values, weigh_limbs)
 from arrangedb.ops.common import DEFAULT_BATCH_ROWS, check_batch_rows, check_time
-from arrangedb.ops.dense_partials import DensePartials
 from arrangedb.ops.group_by import group_by
 from arrangedb.ops.partials import (Partials, bincount_groups, partial_names, plain_schema,
                                     unified)
@@ -182,8 +181,8 @@ def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: Partials,
     When no batch of A retracts anything (the runs an ``arrange`` or inserts of new rows
     leave), A's batches are read side by side, each straight off its stored layout, and
     never merged: the partials are linear in the counts, so a key found in several
-    batches adds up -- by key position before the match, when the key is an integer id
-    dense in B's block (:mod:`arrangedb.ops.dense_partials`), else in the grouping. Retractions must meet what they retract before a row is known to
+    batches adds up in the grouping, and reading the unmerged trace costs what reading
+    a merged one does. Retractions must meet what they retract before a row is known to
     be gone (its valid values decide whether a sum is null), so then A is read merged."""
     by_b = [where[b][1] for b in by if where[b][0] == b_side]
     # read as codes where it can be: a block's codes group by bincount
@@ -215,8 +214,6 @@ def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: Partials,
             if bb.num_keys == 0:
                 continue
             b_last = bb.keys.slice(bb.num_keys - 1, 1)
-            # several runs: their partials summed by key position first, matched once
-            dense = DensePartials.over(bb.keys) if len(a_streams) > 1 else None
             for i, a_parts in enumerate(a_streams):
                 got, gathered = [], 0
                 while not done[i]:
@@ -228,12 +225,8 @@ def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: Partials,
                     keys, sums = carry[i]
                     n = count_through(keys, b_last)
                     if n:
-                        item = carry[i] if n == keys.num_rows else _cut(carry[i], 0, n)
-                        if dense is not None:
-                            dense.add(*item)
-                        else:
-                            got.append(item)
-                            gathered += n
+                        got.append(carry[i] if n == keys.num_rows else _cut(carry[i], 0, n))
+                        gathered += n
                     carry[i] = None if n == keys.num_rows else _cut(carry[i], n,
                                                                     keys.num_rows)
                     if gathered >= GATHER_KEYS:
@@ -243,9 +236,6 @@ def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: Partials,
                         break   # this batch's next keys lie beyond the block
                 if got:   # one batch's keys: sorted and distinct, as a match needs
                     yield from emit(got, bb)
-            summed = dense.result() if dense is not None else None
-            if summed is not None:
-                yield from emit([summed], bb)
             if all(done):
                 break   # an inner join: B's remaining keys meet nothing
     finally:
