@@ -149,15 +149,48 @@ def bench_root() -> Path:
 
 
 # -- data -------------------------------------------------------------------------------------
-def ensure_data(scale: float, seed: int = SEED) -> dict:
-    """Generate (or reuse) the Parquet files and the 1% delta; return their paths."""
+AMOUNTS = ("float", "int64")   # two-decimal float64 amounts, or int64 cents
+
+
+def ensure_data(scale: float, seed: int = SEED, amounts: str = "float") -> dict:
+    """Generate (or reuse) the Parquet files and the 1% delta; return their paths.
+    ``amounts="int64"``: the same data with every amount as int64 cents."""
     from arrangedb.tools.datagen import generate
 
+    if amounts not in AMOUNTS:
+        raise ValueError(f"amounts must be one of {AMOUNTS}, not {amounts!r}")
     root = bench_root() / f"scale-{scale:g}-seed-{seed}"
     info = generate(root, scale=scale, seed=seed)
     paths = {"orders": info["orders"], "customers": info["customers"]}
     paths["delta"] = str(_ensure_delta(root, paths["orders"], _num_rows(paths["orders"])))
+    if amounts == "int64":
+        for name, columns in (("orders", ["amount"]), ("delta", ["old_amount", "new_amount"])):
+            paths[name] = str(_as_cents(Path(paths[name]), columns))
     return paths
+
+
+def _as_cents(path: Path, columns: list[str]) -> Path:
+    """``path`` with ``columns`` (two-decimal floats) as int64 cents, row group by row
+    group (written once, beside it)."""
+    out = path.with_name(f"{path.stem}-cents.parquet")
+    if out.exists():
+        return out
+    src = pq.ParquetFile(path)
+    tmp = out.with_suffix(".tmp")
+    with pq.ParquetWriter(tmp, _cents_schema(src.schema_arrow, columns)) as w:
+        for g in range(src.num_row_groups):
+            t = src.read_row_group(g)
+            for c in columns:
+                cents = pc.cast(pc.round(pc.multiply(t[c], 100.0)), pa.int64())
+                t = t.set_column(t.column_names.index(c), c, cents)
+            w.write_table(t)
+    os.replace(tmp, out)
+    return out
+
+
+def _cents_schema(schema: pa.Schema, columns: list[str]) -> pa.Schema:
+    return pa.schema([pa.field(f.name, pa.int64()) if f.name in columns else f
+                      for f in schema])
 
 
 def _num_rows(path: str) -> int:
@@ -215,7 +248,7 @@ def apply_delta(result: pa.Table, delta: pa.Table) -> pa.Table:
     d = delta.rename_columns(["region", "d_orders", "d_amount"])
     j = result.join(d, "region", join_type="full outer")
     orders = pc.add(j["orders"].fill_null(0), j["d_orders"].fill_null(0))
-    amount = pc.add(j["amount"].fill_null(0.0), j["d_amount"].fill_null(0.0))
+    amount = pc.add(j["amount"].fill_null(0), j["d_amount"].fill_null(0))
     out = pa.table({"region": j["region"], "orders": orders, "amount": amount})
     out = out.filter(pc.not_equal(out["orders"], 0))
     return out.sort_by("region")
@@ -578,7 +611,7 @@ def _duck_query(con, orders: str, customers: str) -> pa.Table:
     rows = con.execute(QUERY.format(orders=orders, customers=customers)).fetchall()
     region, n, s = zip(*rows) if rows else ((), (), ())
     return pa.table({"region": pa.array(region, pa.string()), "orders": pa.array(n, pa.int64()),
-                     "amount": pa.array(s, pa.float64())})
+                     "amount": pa.array([float(x) for x in s], pa.float64())})
 
 
 def _pq(path: str) -> str:
@@ -676,9 +709,9 @@ def _worker_main(spec: dict) -> dict:
 
 
 def run_all(scale: float, budgets=tuple(BUDGETS), threads: int = 2, cases=CASES,
-            log=None) -> dict:
+            log=None, amounts: str = "float") -> dict:
     """Every (budget, case) for both systems; returns {(budget, case): {system: figures}}."""
-    paths = ensure_data(scale)
+    paths = ensure_data(scale, amounts=amounts)
     out = {}
     for budget in budgets:
         for case in cases:

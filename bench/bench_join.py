@@ -2,7 +2,7 @@
 
 The same code as ``bench/compare.py`` (both use ``bench/_orders.py``; read its docstring
 for the cases, the arrangedb plans and how time and RSS are measured), one test per
-(budget, case). Each test runs one subprocess per system; the benchmarked body runs once
+(budget, case, amounts: two-decimal float64 or int64 cents). Each test runs one subprocess per system; the benchmarked body runs once
 (``rounds=1``) and every figure lands in ``benchmark.extra_info``. The tests assert that
 the results are equal (counts exactly, sums to a relative 1e-9), and at full scale that
 the best plan of each case meets its target (``TARGETS``).
@@ -37,16 +37,20 @@ def paths():
     return _orders.ensure_data(SCALE)
 
 
+@pytest.mark.parametrize("amounts", _orders.AMOUNTS)
 @pytest.mark.parametrize("case", _orders.CASES)
 @pytest.mark.parametrize("budget", list(_orders.BUDGETS))
-def test_join_vs_duckdb(benchmark, paths, budget, case):
+def test_join_vs_duckdb(benchmark, budget, case, amounts):
+    paths = _orders.ensure_data(SCALE, amounts=amounts)
+
     def run():
         return {system: _orders.run_worker(system, case, paths, budget, THREADS)
                 for system in ("arrangedb", "duckdb")}
 
     res = benchmark.pedantic(run, rounds=1, iterations=1)
     rows = _orders.rows_of(budget, case, res)
-    benchmark.extra_info.update({"scale": SCALE, "budget": budget, "case": case})
+    benchmark.extra_info.update({"scale": SCALE, "budget": budget, "case": case,
+                                 "amounts": amounts})
     for r in rows:
         p = r["plan"]
         benchmark.extra_info.update({
@@ -65,11 +69,11 @@ def test_join_vs_duckdb(benchmark, paths, budget, case):
         assert r["equal"], f"{budget} {case} {r['plan']}: {r['problems']}"
     if FULL:   # at smoke size fixed costs decide: the targets are for 40M x 4M
         best = max(r["ratio"] for r in rows)
-        assert best >= TARGETS[case], f"{budget} {case}: best plan {best:.2f}x"
+        assert best >= TARGETS[case], f"{budget} {case} {amounts}: best plan {best:.2f}x"
         natural = next(r["ratio"] for r in rows if r["plan"] == "natural")
         if natural < NATURAL_TARGETS[case]:   # named, not hidden; the rest still runs
-            pytest.xfail(f"{budget} {case}: the natural plan is {natural:.2f}x DuckDB, "
-                         f"target {NATURAL_TARGETS[case]}x")
+            pytest.xfail(f"{budget} {case} {amounts}: the natural plan is {natural:.2f}x "
+                         f"DuckDB, target {NATURAL_TARGETS[case]}x")
 
 
 def test_result_check_can_fail(paths):

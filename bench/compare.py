@@ -3,7 +3,7 @@ per region -- cold (from Parquet), warm (arrangements / tables built) and increm
 orders updated), under the same memory budget, measured in the same run.
 
     python bench/compare.py [--scale S] [--budget 512MiB] [--budget 128MiB] [--threads 2]
-                            [--json OUT.json] [--plot OUT.png]
+                            [--amounts float|int64] [--json OUT.json] [--plot OUT.png]
 
 ``--scale`` defaults to the smoke scale (0.005), or 1.0 (40M orders x 4M customers) with
 ``ARRANGEDB_BENCH_SCALE=full``. ``--budget`` may be repeated (default: 512MiB and 128MiB);
@@ -42,6 +42,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2, help="DuckDB threads (and Arrow's)")
     ap.add_argument("--case", action="append", choices=_orders.CASES, default=None,
                     help="run only these cases (repeatable; default: all)")
+    ap.add_argument("--amounts", choices=_orders.AMOUNTS, default="float",
+                    help="amounts as two-decimal float64 (default) or int64 cents")
     ap.add_argument("--json", default=None, help="also write every figure to this file")
     ap.add_argument("--plot", default=None, metavar="OUT.png",
                     help="also draw the times side by side, with the ratios, and each "
@@ -52,15 +54,16 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     print(f"data: scale {args.scale:g} (generating if needed) ...", flush=True)
-    paths = _orders.ensure_data(args.scale)
+    paths = _orders.ensure_data(args.scale, amounts=args.amounts)
     print(f"data ready in {time.perf_counter() - t0:.1f}s: {paths['orders']}", flush=True)
     results = _orders.run_all(args.scale, budgets=budgets, threads=args.threads, cases=cases,
-                              log=lambda m: print(m, flush=True))
+                              log=lambda m: print(m, flush=True), amounts=args.amounts)
     rows = [row for (budget, case), res in results.items()
             for row in _orders.rows_of(budget, case, res)]
     print()
     print(f"orders x customers -> count, sum(amount) per region; scale {args.scale:g}, "
-          f"threads {args.threads}; ratio = DuckDB s / arrangedb s (> 1: arrangedb faster);")
+          f"{args.amounts} amounts, threads {args.threads}; "
+          f"ratio = DuckDB s / arrangedb s (> 1: arrangedb faster);")
     print("peak = peak RSS of the timed phase over the RSS before it; held = RSS held when it "
           "started; spill = arrangedb bytes spilled (cumulative)")
     print(_orders.format_table(rows))
