@@ -44,9 +44,9 @@ def by_time(changes: list[pa.Table]):
 
 
 def key_steps(changes: pa.Table, keys: list[str], keys_per_step: int):
-    """``changes`` in slices of about ``keys_per_step`` keys (:func:`step_bounds`), in key order: (the
-    slice, its rows' key index -- 0, 1, ... within it --, its distinct keys). What
-    bounds a refresh's memory."""
+    """``changes`` in slices of about ``keys_per_step`` keys (:func:`step_bounds`), in
+    key order: (the slice, its rows' key index -- 0, 1, ... within it --, its distinct
+    keys). What bounds a refresh's memory."""
     kc = codes([changes], keys)[0]
     if len(kc) > 1 and (kc[1:] < kc[:-1]).any():   # a trace's changes come sorted by key
         order = np.argsort(kc, kind="stable")

@@ -4,12 +4,13 @@ For ``reduce(trace, aggs)``, the view's own row of a key is the state its next v
 computed from (the way a maintained aggregate keeps its running value): a key's change
 at one time is summed into its counts and sums, and its new maximum is the larger of
 the stored one and the values inserted -- as long as no value retracted reaches the
-stored maximum, or a value inserted reaches it too (minimums alike). Means and counts of distinct values come from the
-accumulators the view keeps beside its rows (:mod:`arrangedb.ops.view_state`), which
-also count each key's rows. Only keys where that does not hold -- the extreme
-retracted, a null among the changed values or the stored aggregates of a sum, minimum
-or maximum, a group that may have emptied without a count to tell -- are recomputed
-from their rows by the view's per-key path.
+stored maximum, or a value inserted reaches it too (minimums alike). Means and counts
+of distinct values come from the accumulators the view keeps beside its rows
+(:mod:`arrangedb.ops.view_state`), which also count each key's rows. Only keys where
+that does not hold -- the extreme retracted and not passed, a null among the changed
+values or the stored aggregates of a sum, minimum or maximum, a group that may have
+emptied without a count to tell -- are recomputed from their rows by the view's
+per-key path.
 """
 
 from __future__ import annotations
