@@ -2,8 +2,9 @@
 
 The same code as ``bench/compare.py`` (both use ``bench/_orders.py``; read its docstring
 for the cases, the arrangedb plans and how time and RSS are measured), one test per
-(budget, case, amounts: two-decimal float64 or int64 cents). Each test runs one subprocess per system; the benchmarked body runs once
-(``rounds=1``) and every figure lands in ``benchmark.extra_info``. The tests assert that
+(budget, case, amounts: two-decimal float64 or int64 cents). Each test runs one
+subprocess per system; the benchmarked body runs once (``rounds=1``) and every figure
+lands in ``benchmark.extra_info``. The tests assert that
 the results are equal (counts exactly, sums to a relative 1e-9), and at full scale that
 the best plan of each case meets its target (``TARGETS``).
 

@@ -23,9 +23,10 @@ view and is reported beside them). The ratios are of the first delta after ``arr
 the issue's case: at full scale the median over three engines, each in a process of its
 own that arranges the data and makes its views afresh (one refresh is one measurement on
 a machine whose speed varies from run to run); recomputes are the median of three runs,
-the views' contents are checked against them. Two more rounds follow, reported beside: the delta's reversal
-(the new amounts retracted, the old ones restored) and the delta again, each after the
-engine has settled (its idle merger done, as between two days' changes). They show the
+the views' contents are checked against them. Two more rounds follow, reported beside:
+the delta's reversal (the new amounts retracted, the old ones restored) and the delta
+again, each after the engine has settled (its idle merger done, as between two days'
+changes). They show the
 cost of the history a trace keeps without logical compaction: orders then hold every
 retracted amount and its retraction at their times, which a lookup reads and sums.
 The memory of every round is checked. Each system runs in its own subprocess.
