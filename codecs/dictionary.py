@@ -202,19 +202,15 @@ class Dictionary(Codec):
         if meta["cardinality"] == 0:
             return super().take(version, meta, buffers, rows)
         if meta["kind"] == "numpy":   # a merged batch's times and diffs: no range decode
-            n = meta_length(meta)
-            _, codes_buf, dictionary = _parts(meta, buffers, n, 0, n)
-            return np.take(dictionary, _codes_at(codes_buf, meta, n, len(dictionary), rows))
+            _, codes, dictionary = _rows_codes(meta, buffers, rows)
+            return np.take(dictionary, codes)
         return self.take_dictionary(version, meta, buffers, rows).dictionary_decode()
 
     def take_dictionary(self, version, meta, buffers, rows) -> pa.DictionaryArray | None:
         """The rows' codes (int32) over the stored dictionary; None for a numpy column."""
         if meta["kind"] == "numpy":
             return None
-        n = meta_length(meta)
-        bitmap, codes_buf, dictionary = _parts(meta, buffers, n, 0, n)
-        # only the rows' codes and validity bits are read, never the whole part's
-        codes = _codes_at(codes_buf, meta, n, len(dictionary), rows)
+        bitmap, codes, dictionary = _rows_codes(meta, buffers, rows)
         mask = (None if bitmap is None else
                 (bitmap[rows >> 3] >> (rows & 7).astype(np.uint8)) & 1 == 0)
         return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32(), mask=mask),
@@ -249,6 +245,14 @@ def _parts(meta: dict, buffers, n: int, start: int, stop: int):
         check(stop == start or validity is not None and not _any_valid(validity, n),
               "codes into an empty dictionary")
     return validity, codes_buf, dictionary
+
+
+def _rows_codes(meta: dict, buffers, rows: np.ndarray):
+    """(validity bitmap or None, the codes at ``rows``, the dictionary): only the rows'
+    codes are read, never the whole part's."""
+    n = meta_length(meta)
+    bitmap, codes_buf, dictionary = _parts(meta, buffers, n, 0, n)
+    return bitmap, _codes_at(codes_buf, meta, n, len(dictionary), rows), dictionary
 
 
 def _int32_codes(codes_buf, meta: dict, n: int, k: int) -> np.ndarray:

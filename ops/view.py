@@ -77,7 +77,7 @@ class View(Trace):
     inputs: tuple = ()
     _refreshing = False
     state = None         # a reduce view's accumulators (ops/view_state.py), if it keeps any
-    _holds: list = []    # a handle on each input (bind)
+    _holds: tuple | list = ()   # a handle on each input (bind)
 
     @classmethod
     def made(cls, engine, plan, key=None, name=None) -> "View":

@@ -33,22 +33,16 @@ def kind_of(node, key: list[str]) -> str:
     """How the view of ``node`` keyed by ``key`` refreshes. The paths that recompute
     keys need the view keyed as the operator's output is (by its input's key, or its
     group columns): another key is refreshed whole."""
-    direct = node.inputs()
-    if node.op in PER_KEY_OPS and (params(node).get("since") is not None
-                                   or params(node).get("at") is not None):
-        return "whole"   # an operator's changes, or its output at a fixed time
-    if node.op in PER_KEY_OPS and list(key) != default_key(node):
-        return "whole"
-    if node.op in PER_KEY_OPS and direct and all(isinstance(x, Trace) for x in direct):
-        if node.op == "reduce":
-            p = params(node)
-            if stored_eligible(checked_aggs(p), p["trace"].val_schema):
-                return "stored aggregates"
-        if node.op == "top_k":
-            return "stored top k"
-        if node.op == "distinct":
-            return "changed rows"
-        return "per key"
+    if node.op in PER_KEY_OPS:
+        p, direct = params(node), node.inputs()
+        if p.get("since") is not None or p.get("at") is not None:
+            return "whole"   # an operator's changes, or its output at a fixed time
+        if list(key) != default_key(node) or not direct \
+                or not all(isinstance(x, Trace) for x in direct):
+            return "whole"
+        if node.op == "reduce" and stored_eligible(checked_aggs(p), p["trace"].val_schema):
+            return "stored aggregates"
+        return {"top_k": "stored top k", "distinct": "changed rows"}.get(node.op, "per key")
     if node.op == "group_by" and not node.one_shot:
         g = params(node)
         stream = g["stream"]

@@ -225,6 +225,13 @@ def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.arange(total, dtype=np.int64) + np.repeat(starts.astype(np.int64) - offsets, lengths)
 
 
+def _both_ends(bounds, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``bounds[index]`` and ``bounds[index + 1]`` as int64, in one gather: indexed
+    before widening (no copy of the whole part's), and a paged part's bounds are read
+    at the rows."""
+    return np.split(bounds[np.concatenate([index, index + 1])].astype(np.int64), 2)
+
+
 def select_vals(part: PartLayout, key_index: np.ndarray
                 ) -> tuple[pa.Table | None, np.ndarray, np.ndarray, np.ndarray]:
     """The updates of the keys at ``key_index`` (sorted positions into ``part.keys``)
@@ -236,10 +243,7 @@ def select_vals(part: PartLayout, key_index: np.ndarray
     if part.vals is None:
         leaves, k_lens = key_index, None
     else:
-        # indexed before widening: no copy of the whole part's; one gather of both ends
-        # (a paged part's bounds are read at the rows)
-        ends = part.key_bounds[np.concatenate([key_index, key_index + 1])].astype(np.int64)
-        k_first, k_end = np.split(ends, 2)
+        k_first, k_end = _both_ends(part.key_bounds, key_index)
         k_lens = k_end - k_first
         if (k_lens == 1).all():       # one val per key (a dimension table)
             leaves, k_lens = k_first, None
@@ -255,7 +259,7 @@ def select_vals(part: PartLayout, key_index: np.ndarray
     if k_lens is None:
         k_lens = np.ones(len(key_index), dtype=np.int64)
     bounds = part.val_bounds if part.vals is not None else part.key_bounds
-    first, end = np.split(bounds[np.concatenate([leaves, leaves + 1])].astype(np.int64), 2)
+    first, end = _both_ends(bounds, leaves)
     stored = end - first
     counts = np.where(stored == 0, 1, stored)
     starts = np.where(stored == 0, first - 1, first)
