@@ -222,12 +222,12 @@ class RunBuilder:
             temporaries = sort_cost(reserved, rows) - reserved
             self.ctx.reserve(temporaries, "sorting a run")
             try:
-                joined = Updates.concat(buffered)
+                joined = Updates.concat(buffered).contiguous()
+                buffered.clear()   # one copy of the input at a time
                 run = consolidate(joined)
                 # input already in order comes back as it is: its buffers are the caller's
                 shared = run.keys is joined.keys
                 del joined
-                buffered.clear()
             finally:
                 # the sort's arrays are gone; the builder reserves the sorted copy, and
                 # the input's reservation covers its encoding temporaries until done

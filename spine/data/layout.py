@@ -110,7 +110,9 @@ def to_layout(upd: Updates, kstarts: np.ndarray | None = None) -> PartLayout:
         bounds, keep = _compress_singletons(kstarts, n, upd.times, upd.diffs)
         keys = upd.keys.take(kstarts) if len(kstarts) != n else upd.keys
         return PartLayout(keys, bounds, None, None, upd.times[keep], upd.diffs[keep])
-    if len(kstarts) == n:       # every row its own key: every row its own (key, val) too
+    if len(kstarts) == n or all_equal(upd.times):
+        # every row its own (key, val): its own key, or all at one time (consolidated
+        # rows differ in (key, val, time)) -- no val comparisons, no float codes
         vstarts = leaf_of = np.arange(n, dtype=np.int64)
     else:
         vstarts, leaf_of = _union_starts(kstarts, sorted_row_starts(upd.vals), n)

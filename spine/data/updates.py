@@ -94,6 +94,12 @@ class Updates:
         return Updates(self.keys.slice(start, n), vals, self.times[start:stop],
                        self.diffs[start:stop])
 
+    def contiguous(self) -> "Updates":
+        """The same rows with each column in one chunk: kernels that read a column as
+        one array (codes, gathers) then neither concatenate nor walk chunks."""
+        vals = self.vals.combine_chunks() if self.vals is not None else None
+        return Updates(self.keys.combine_chunks(), vals, self.times, self.diffs)
+
     @staticmethod
     def concat(parts: list["Updates"]) -> "Updates":
         parts = [p for p in parts if len(p)] or parts[:1]
