@@ -102,6 +102,7 @@ import threading
 import time
 from pathlib import Path
 
+import arrangedb  # noqa: F401 -- first, as its programs do: it tunes numpy and Arrow as they load
 import numpy as np
 import psutil
 import pyarrow as pa

@@ -69,6 +69,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import arrangedb  # noqa: F401 -- first, as its programs do: it tunes numpy and Arrow as they load
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc

@@ -18,6 +18,8 @@ import tempfile
 import psutil
 import pytest
 
+import arrangedb  # noqa: F401 -- before any test module loads numpy: it tunes numpy's sorts
+
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 """Files the compatibility tests load: checkpoints written by earlier formats."""
 

@@ -45,3 +45,37 @@ def test_public_api_names():
         arrangedb.nonesuch  # noqa: B018
     for layer in ["pager", "codecs", "spine", "ops", "spark_integration", "tools"]:
         importlib.import_module(f"arrangedb.{layer}")
+
+
+def test_numpy_sorts_are_tuned_only_where_avx512_sorts_are_slow(tmp_path):
+    """On Zen 4 (AMD family 25 with AVX-512), importing arrangedb before numpy turns off
+    numpy's AVX-512 kernels; elsewhere, after numpy, or when told not to, it does not."""
+    import arrangedb
+
+    def cpu(vendor, family, flags):
+        path = tmp_path / f"{vendor}-{family}"
+        path.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: {family}\n"
+                        f"model\t\t: 17\nflags\t\t: {flags}\n\nprocessor\t: 1\n")
+        return str(path)
+
+    assert arrangedb._slow_avx512_sorts(cpu("AuthenticAMD", 25, "fpu avx2 avx512f avx512bw"))
+    assert not arrangedb._slow_avx512_sorts(cpu("AuthenticAMD", 25, "fpu avx2"))     # Zen 3
+    assert not arrangedb._slow_avx512_sorts(cpu("AuthenticAMD", 26, "avx2 avx512f"))  # Zen 5
+    assert not arrangedb._slow_avx512_sorts(cpu("GenuineIntel", 6, "avx2 avx512f"))
+    assert not arrangedb._slow_avx512_sorts(str(tmp_path / "missing"))
+
+    def setting(first: str, **env) -> str:
+        code = f"import os, {first}; print(os.environ.get('NPY_DISABLE_CPU_FEATURES'))"
+        clean = {k: v for k, v in __import__("os").environ.items()
+                 if k not in ("NPY_DISABLE_CPU_FEATURES", "ARRANGEDB_TUNE_NUMPY")}
+        out = subprocess.run([sys.executable, "-c", code], env={**clean, **env},
+                             capture_output=True, text=True, check=True)
+        return out.stdout.strip()
+
+    expected = ("X86_V4 AVX512_ICL AVX512_SPR"
+                if arrangedb._slow_avx512_sorts() and arrangedb._numpy_version() >= (2, 4)
+                else "None")
+    assert setting("arrangedb") == expected
+    assert setting("numpy, arrangedb") == "None"                  # too late: numpy loaded
+    assert setting("arrangedb", ARRANGEDB_TUNE_NUMPY="0") == "None"
+    assert setting("arrangedb", NPY_DISABLE_CPU_FEATURES="X86_V4") == "X86_V4"
