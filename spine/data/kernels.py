@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from arrangedb.spine.data.codes import (absolute_codes, codes, count_le, is_absolute,
                                         sorted_row_starts)
-from arrangedb.spine.data.order import sort_rows
+from arrangedb.spine.data.order import sort_rows, sorted_rows
 from arrangedb.spine.data.updates import Updates, all_equal, constant
 
 
@@ -44,20 +44,33 @@ def _indices(idx: np.ndarray, n: int) -> np.ndarray | None:
     return idx
 
 
-def _nonzero_sums(sorted_diffs: np.ndarray, order: np.ndarray, starts: np.ndarray
-                  ) -> tuple[np.ndarray, np.ndarray]:
-    """(the first row of each group of equal rows, its summed diff), groups summing to
-    zero dropped. Every row its own group (a delta of distinct rows) and none zero:
-    ``order`` and the diffs as they are, no gathers."""
-    if len(starts) == len(order):
+def _nonzero_sums(sorted_diffs: np.ndarray, starts: np.ndarray
+                  ) -> tuple[np.ndarray | None, np.ndarray]:
+    """(where each group of equal rows begins along the order, its summed diff), groups
+    summing to zero dropped. Every row its own group (a delta of distinct rows) and none
+    zero: None (every position) and the diffs as they are, no gathers."""
+    if len(starts) == len(sorted_diffs):
         nonzero = sorted_diffs != 0
         if nonzero.all():
-            return order, sorted_diffs
+            return None, sorted_diffs
         keep = np.flatnonzero(nonzero)
-        return order[keep], sorted_diffs[keep]
+        return keep, sorted_diffs[keep]
     sums = np.add.reduceat(sorted_diffs, starts)
     keep = np.flatnonzero(sums != 0)
-    return order[starts[keep]], sums[keep]
+    return starts[keep], sums[keep]
+
+
+def _sorted_keys(keys: pa.Table, sorted_codes: np.ndarray | None,
+                 positions: np.ndarray | None) -> pa.Table | None:
+    """The keys at ``positions`` along the order, from their sorted codes when the codes
+    are the keys (one integer column without nulls: its own values), else None."""
+    if sorted_codes is None or keys.num_columns != 1:
+        return None
+    col = keys.column(0)
+    if not pa.types.is_integer(col.type) or col.null_count:
+        return None
+    values = sorted_codes if positions is None else sorted_codes[positions]
+    return pa.Table.from_arrays([pa.array(values, type=col.type)], schema=keys.schema)
 
 
 def consolidate(upd: Updates, since: int | None = None, presorted_runs: bool | int = False
@@ -76,18 +89,30 @@ def consolidate(upd: Updates, since: int | None = None, presorted_runs: bool | i
         times = np.maximum(times, np.uint64(since))
     kc, vcs = _key_val_codes(upd)
     constant_time = all_equal(times)
-    order, starts = sort_rows(kc, vcs, None if constant_time else times, presorted_runs)
+    order, starts, sorted_kc = sorted_rows(kc, vcs, None if constant_time else times,
+                                           presorted_runs)
     diffs = upd.diffs
-    constant_diff = len(starts) == n and all_equal(diffs)
-    if constant_diff:
+    if all_equal(diffs):   # (an input's rows at diff 1): each row's sum is its count
         if diffs[0] == 0:
             return upd.take(np.zeros(0, dtype=np.int64))
-        rows = order
-        sums = constant(diffs[0], n, np.int64)
+        if len(starts) == n:
+            pos, sums = None, constant(diffs[0], n, np.int64)
+        else:
+            pos = starts
+            sums = np.diff(starts, append=n)
+            sums *= diffs[0]
     else:
-        rows, sums = _nonzero_sums(diffs[order], order, starts)
+        pos, sums = _nonzero_sums(diffs[order], starts)
+    rows = order if pos is None else order[pos]
     taken = _indices(rows, n)
-    keys, vals = (upd.keys, upd.vals) if taken is None else upd.take_payload(taken)
+    if taken is None:
+        keys, vals = upd.keys, upd.vals
+    else:
+        keys = _sorted_keys(upd.keys, sorted_kc, pos)
+        if keys is None:
+            keys, vals = upd.take_payload(taken)
+        else:   # the sort unpacked the keys: only the vals are gathered
+            vals = upd.vals.take(pa.array(taken)) if upd.vals is not None else None
     out_times = constant(times[0], len(rows), np.uint64) if constant_time else times[rows]
     return Updates(keys, vals, out_times, sums)
 
@@ -106,7 +131,8 @@ def accumulate(upd: Updates, at: int | None) -> tuple[pa.Table, pa.Table | None,
         return upd.keys, upd.vals, upd.diffs
     kc, vcs = _key_val_codes(upd)
     order, starts = sort_rows(kc, vcs, None, presorted_runs=True)
-    rows, sums = _nonzero_sums(upd.diffs[order], order, starts)
+    pos, sums = _nonzero_sums(upd.diffs[order], starts)
+    rows = order if pos is None else order[pos]
     taken = _indices(rows, n)
     keys, vals = (upd.keys, upd.vals) if taken is None else upd.take_payload(taken)
     return keys, vals, sums

@@ -25,20 +25,38 @@ def row_starts(*code_arrays: np.ndarray) -> np.ndarray:
     return np.flatnonzero(change)
 
 
-def _bits(x: np.ndarray) -> tuple[int, np.ndarray]:
-    """Bits needed for ``x - min(x)`` and that offset array as uint64 (always a new
-    array, never a view of ``x``: callers shift it in place)."""
+def _bits(x: np.ndarray) -> tuple[int, np.ndarray, int]:
+    """Bits needed for ``x - min(x)``, that offset array as uint64 (always a new array,
+    never a view of ``x``: callers shift it in place), and ``min(x)``."""
     lo = x.min()
     span = int(x.max()) - int(lo)
     off = (x.astype(np.int64, copy=False) - np.int64(lo)).view(np.uint64) if x.dtype.kind == "i" \
         else (x - lo).astype(np.uint64, copy=False)
-    return max(span.bit_length(), 1), off
+    return max(span.bit_length(), 1), off, int(lo)
+
+
+def _from_offsets(off: np.ndarray, lo: int, dtype: np.dtype) -> np.ndarray:
+    """The inverse of :func:`_bits`' offsets: ``off + lo`` in ``dtype`` (in place when
+    ``off`` is already of that width; additions wrap, as the subtraction did)."""
+    out = off.view(dtype) if dtype.itemsize == 8 else off.astype(dtype)
+    out += dtype.type(lo)
+    return out
 
 
 def sort_rows(kc: np.ndarray, vc, times: np.ndarray | None,
               presorted_runs: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """An order sorting rows by (key code, val codes, time), and the positions along it
     where a distinct row begins (full ties, which are duplicates, in any order).
+    :func:`sorted_rows` also gives the sorted key codes."""
+    order, starts, _ = sorted_rows(kc, vc, times, presorted_runs)
+    return order, starts
+
+
+def sorted_rows(kc: np.ndarray, vc, times: np.ndarray | None, presorted_runs: bool = False
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """:func:`sort_rows`, and ``kc[order]`` when the sort holds it (the key codes whole
+    in the packed values, or the rows in order already; None otherwise): unpacking it
+    reads the sorted values in order, where the gather reads ``kc`` at random.
 
     ``vc``: None, one code array, or a list of them (one per val column).
 
@@ -52,18 +70,18 @@ def sort_rows(kc: np.ndarray, vc, times: np.ndarray | None,
     columns = [c for c in [kc, *vcs, times] if c is not None]
     n = len(kc)
     if n < 2:
-        return np.arange(n, dtype=np.int64), np.zeros(min(n, 1), np.int64)
+        return np.arange(n, dtype=np.int64), np.zeros(min(n, 1), np.int64), kc
     if _in_order(columns):   # a delta computed in key order: checked in a pass or two
-        return np.arange(n, dtype=np.int64), row_starts(*columns)
+        return np.arange(n, dtype=np.int64), row_starts(*columns), kc
     if any(c.dtype.kind not in "iub" for c in columns):
         order = _lsd_order(columns)
-        return order, row_starts(*[c[order] for c in columns])
+        return order, row_starts(*[c[order] for c in columns]), None
     if len(columns) == 1:
         packed = _packed_argsort(kc, stable_merge=presorted_runs, ties=True)
         if packed is None:
             order = np.argsort(kc, kind="stable")
-            return order, row_starts(kc[order])
-        return packed[0], _starts_of(packed[1])
+            return order, row_starts(kc[order]), None
+        return packed[0], _starts_of(packed[1]), None
     return _prefix_order(columns, presorted_runs)
 
 
@@ -113,9 +131,10 @@ def _tie_groups(ties: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
 
 
 def _prefix_order(columns: list[np.ndarray], presorted_runs: bool = False
-                  ) -> tuple[np.ndarray, np.ndarray]:
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Order by integer code columns too wide to pack together (most significant first),
-    and where distinct rows begin along it.
+    where distinct rows begin along it, and the first column in that order when all of
+    its bits are in the prefix (a refinement of prefix ties keeps it: tied rows share it).
 
     One packed value sort of the columns' leading bits -- as many as fit beside the row
     index -- orders almost everything; only rows whose prefixes tie are then sorted by
@@ -126,23 +145,33 @@ def _prefix_order(columns: list[np.ndarray], presorted_runs: bool = False
     n = len(columns[0])
     room = 64 - max(int(n - 1).bit_length(), 1)
     prefix = np.zeros(n, dtype=np.uint64)
-    used, complete = 0, True
+    used, complete, first = 0, True, None
     for c in columns:
-        bits, off = _bits(c)
+        bits, off, lo = _bits(c)
         take = min(bits, room - used)
         if take < bits:
             complete = False
         if take <= 0:
             break
+        if first is None:
+            first = (take == bits, bits, lo)
         prefix <<= np.uint64(take)
         off >>= np.uint64(bits - take)   # _bits' array is our own: shifted in place
         prefix |= off
         del off
         used += take
-    order, ties = _packed_argsort(prefix, stable_merge=presorted_runs, ties=True)  # fits
+    whole, lead_bits, lo = first
+    # the prefix is its own offset (its columns' are): below 2**used, no offsetting pass
+    packed = _packed_argsort(prefix, stable_merge=presorted_runs, ties=True, bits=used,
+                             values=whole)
+    order, ties, lead = packed[0], packed[1], None
+    if whole:
+        lead = packed[2]
+        lead >>= np.uint64(used - lead_bits)
+        lead = _from_offsets(lead, lo, columns[0].dtype)
     tied = None if complete else _tie_groups(ties)   # complete: equal prefixes, equal rows
     if tied is None:
-        return order, _starts_of(ties)
+        return order, _starts_of(ties), lead
     sub, group = tied
     rows = order[sub]
     order[sub] = rows[_lsd_order([group] + [c[rows] for c in columns])]
@@ -154,10 +183,11 @@ def _prefix_order(columns: list[np.ndarray], presorted_runs: bool = False
         same &= c[a] == c[b]
     distinct = np.ones(n, dtype=bool)
     distinct[cand[same]] = False
-    return order, np.flatnonzero(distinct)
+    return order, np.flatnonzero(distinct), lead
 
 
-def _packed_argsort(x: np.ndarray, stable_merge: bool = False, ties: bool = False):
+def _packed_argsort(x: np.ndarray, stable_merge: bool = False, ties: bool = False,
+                    bits: int | None = None, values: bool = False):
     """argsort by sorting values: (x - min) with the row index in the low bits.
 
     numpy sorts plain integers several times faster than it argsorts them (vectorized
@@ -165,24 +195,33 @@ def _packed_argsort(x: np.ndarray, stable_merge: bool = False, ties: bool = Fals
     the span and the index do not fit in 64 bits together. ``stable_merge``: ``x`` is
     concatenated sorted runs, which timsort merges in linear time. ``ties``: also return
     which neighbours along the order hold equal values (``[i]``: rows i and i+1).
+    ``bits``: ``x`` is a uint64 array of the caller's, below ``2**bits``, packed in
+    place as it is (no offsetting pass). ``values`` (with ``ties``): also return the
+    sorted values, as offsets from the minimum (``x``'s values when ``bits`` is given).
     """
     n = len(x)
     if x.dtype.kind not in "iub":
         return None
     index_bits = max(int(n - 1).bit_length(), 1)
-    bits, off = _bits(x)
+    if bits is None:
+        bits, p, _ = _bits(x)              # _bits' array is our own: packed in place
+    else:
+        p = x
     if bits + index_bits > 64:
         return None
-    p = off                              # _bits' array is our own: packed in place
     p <<= np.uint64(index_bits)
     p |= np.arange(n, dtype=np.uint64)
     _sort_values(p, stable_merge)
-    equal = None
+    equal = sorted_values = None
     if ties:   # equal values differ only in the index bits
         equal = np.bitwise_xor(p[1:], p[:-1]) < np.uint64(1 << index_bits)
+    if values:
+        sorted_values = p >> np.uint64(index_bits)
     p &= np.uint64((1 << index_bits) - 1)
     order = p.view(np.int64)
-    return (order, equal) if ties else order
+    if not ties:
+        return order
+    return (order, equal, sorted_values) if values else (order, equal)
 
 
 def _sort_values(p: np.ndarray, stable_merge) -> None:
@@ -242,10 +281,10 @@ def pack(columns: list[np.ndarray]) -> np.ndarray | None:
     if any(c.dtype.kind not in "iub" for c in columns):
         return None
     spans = [_bits(c) for c in columns]
-    if sum(b for b, _ in spans) > 64:
+    if sum(b for b, _, _ in spans) > 64:
         return None
     out = np.zeros(len(columns[0]), dtype=np.uint64)
-    for b, off in spans:
+    for b, off, _ in spans:
         out <<= np.uint64(b)
         out |= off
     return out

@@ -16,7 +16,8 @@ from arrangedb.spine.data.ingest import Columns, SchemaError, open_batches, targ
 from arrangedb.spine.data.kernels import consolidate
 from arrangedb.spine.data.layout import bounds_dtype, from_layout, to_layout
 from arrangedb.spine.data.codes import codes
-from arrangedb.spine.data.order import PARALLEL_SORT_FROM, fast_argsort, sort_rows
+from arrangedb.spine.data.order import (PARALLEL_SORT_FROM, fast_argsort, sort_rows,
+                                        sorted_rows)
 from arrangedb.spine.build.levels import level_of
 from arrangedb.spine.trace import Trace
 from arrangedb.spine.data.updates import Updates
@@ -159,6 +160,30 @@ def test_sort_rows_orders_like_lexsort_when_val_prefixes_tie(rows, presorted, in
     korder, kstarts = sort_rows(k, None, None, presorted_runs=presorted)   # the key alone
     assert np.array_equal(k[korder], np.sort(k))
     assert np.array_equal(kstarts, _distinct_starts(k[korder]))
+
+
+@settings(max_examples=200)
+@given(st.sampled_from(["int8", "int32", "int64", "uint32", "uint64"]),
+       st.lists(st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)),
+                min_size=2, max_size=100), st.integers(0, 3))
+def test_sorted_rows_unpacks_the_key_codes_the_sort_packed(dtype, rows, spread):
+    """The sorted key codes come out of the packed values -- whole keys of every integer
+    width, negative and past 2**63 alike -- equal to gathering the keys by the order;
+    a key too wide to pack whole is not unpacked (unless the rows were in order)."""
+    info = np.iinfo(dtype)
+    span = [16, 40, 63, 64][spread]
+    keys = np.array([info.min + (a % min(2**span, info.max - info.min + 1)) for a, _ in rows],
+                    dtype=object).astype(dtype)
+    vals = np.array([b for _, b in rows], dtype=np.uint64)
+    order, starts, lead = sorted_rows(keys, vals, None)
+    assert np.array_equal(keys[order], keys[np.lexsort((vals, keys))])
+    index_bits = max(int(len(rows) - 1).bit_length(), 1)
+    key_bits = max((int(keys.max()) - int(keys.min())).bit_length(), 1)
+    if key_bits + index_bits <= 64:
+        assert lead is not None and lead.dtype == keys.dtype
+        assert np.array_equal(lead, keys[order])
+    else:
+        assert lead is None or (lead is keys and np.array_equal(order, np.arange(len(keys))))
 
 
 def _distinct_starts(*sorted_columns) -> np.ndarray:
