@@ -104,9 +104,10 @@ def _in_order(columns: list[np.ndarray]) -> bool:
 
 def _starts_of(ties: np.ndarray) -> np.ndarray:
     """Distinct-row starts from ``ties`` (row i+1 equals row i along the order)."""
-    starts = np.flatnonzero(~ties)
-    starts += 1
-    return np.concatenate([np.zeros(1, np.int64), starts])
+    distinct = np.empty(len(ties) + 1, dtype=bool)
+    distinct[0] = True
+    np.logical_not(ties, out=distinct[1:])
+    return np.flatnonzero(distinct)
 
 
 def _tie_groups(ties: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
@@ -144,7 +145,7 @@ def _prefix_order(columns: list[np.ndarray], presorted_runs: bool = False
     """
     n = len(columns[0])
     room = 64 - max(int(n - 1).bit_length(), 1)
-    prefix = np.zeros(n, dtype=np.uint64)
+    prefix = None
     used, complete, first = 0, True, None
     for c in columns:
         bits, off, lo = _bits(c)
@@ -153,11 +154,13 @@ def _prefix_order(columns: list[np.ndarray], presorted_runs: bool = False
             complete = False
         if take <= 0:
             break
-        if first is None:
-            first = (take == bits, bits, lo)
-        prefix <<= np.uint64(take)
-        off >>= np.uint64(bits - take)   # _bits' array is our own: shifted in place
-        prefix |= off
+        if take < bits:
+            off >>= np.uint64(bits - take)   # _bits' array is our own: shifted in place
+        if prefix is None:               # the key's offsets become the prefix
+            first, prefix = (take == bits, bits, lo), off
+        else:
+            prefix <<= np.uint64(take)
+            prefix |= off
         del off
         used += take
     whole, lead_bits, lo = first
