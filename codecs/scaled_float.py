@@ -38,30 +38,46 @@ def _back(m: np.ndarray, digits: int) -> np.ndarray:
     return m / np.float64(10.0 ** digits)
 
 
-def _exact(x: np.ndarray, digits: int) -> bool:
-    """Does every value of ``x`` come back bit for bit through ``digits`` decimals?"""
+def _scaled(x: np.ndarray, digits: int) -> np.ndarray | None:
+    """``x`` times ``10**digits`` as int64 when every value comes back bit for bit
+    through ``digits`` decimals, else None."""
     if len(x) == 0:
-        return True
+        return np.zeros(0, np.int64)
     hi = float(np.abs(x).max())       # NaN and inf: not finite, never exact
     if not np.isfinite(hi) or hi * 10.0 ** digits >= _EXACT:
-        return False
-    m = np.rint(x * np.float64(10.0 ** digits)).astype(np.int64)   # -0.0 becomes 0 here
-    return np.array_equal(_back(m, digits).view(np.int64), x.view(np.int64))
-
-
-def decimal_digits(values) -> int | None:
-    """The fewest digits that give a float64 column (numpy, or Arrow: its valid values)
-    back exactly, else None. A strided sample of 1024 values rules out most non-decimal
-    columns (and finds the digits) before the whole column is checked."""
-    got = _floats(values)
-    if got is None:
         return None
-    x = got[0] if got[1] is None else got[0][got[1]]
+    m = np.rint(x * np.float64(10.0 ** digits)).astype(np.int64)   # -0.0 becomes 0 here
+    return m if np.array_equal(_back(m, digits).view(np.int64), x.view(np.int64)) else None
+
+
+def _exact(x: np.ndarray, digits: int) -> bool:
+    """Does every value of ``x`` come back bit for bit through ``digits`` decimals?"""
+    return _scaled(x, digits) is not None
+
+
+def _fewest_digits(x: np.ndarray) -> tuple[int, np.ndarray] | None:
+    """(the fewest digits that give ``x`` back exactly, ``x`` scaled by them), else None.
+    A strided sample of 1024 values rules out most non-decimal columns (and finds the
+    digits) before the whole column is checked."""
     sample = x[:: max(1, len(x) // 1024)]
     first = next((d for d in range(MAX_DIGITS + 1) if _exact(sample, d)), None)
     if first is None:
         return None
-    return next((d for d in range(first, MAX_DIGITS + 1) if _exact(x, d)), None)
+    for d in range(first, MAX_DIGITS + 1):
+        m = _scaled(x, d)
+        if m is not None:
+            return d, m
+    return None
+
+
+def decimal_digits(values) -> int | None:
+    """The fewest digits that give a float64 column (numpy, or Arrow: its valid values)
+    back exactly, else None."""
+    got = _floats(values)
+    if got is None:
+        return None
+    found = _fewest_digits(got[0] if got[1] is None else got[0][got[1]])
+    return None if found is None else found[0]
 
 
 def _floats(values):
@@ -86,18 +102,30 @@ class ScaledFloat(Codec):
         if got is None:
             return None
         x, valid = got
-        if digits is None:
-            digits = decimal_digits(values)
-        elif not (isinstance(digits, int) and 0 <= digits <= MAX_DIGITS
-                  and _exact(x if valid is None else x[valid], digits)):
-            digits = None
-        if digits is None:
-            return None
-        with np.errstate(over="ignore", invalid="ignore"):   # whatever lies under nulls
-            m = np.rint(x * np.float64(10.0 ** digits))
-        if valid is not None:
+        if valid is None:   # the exactness check's scaled values are the ones stored
+            if digits is None:
+                found = _fewest_digits(x)
+            elif isinstance(digits, int) and 0 <= digits <= MAX_DIGITS:
+                m = _scaled(x, digits)
+                found = None if m is None else (digits, m)
+            else:
+                found = None
+            if found is None:
+                return None
+            digits, m = found
+        else:
+            if digits is None:
+                digits = decimal_digits(values)
+            elif not (isinstance(digits, int) and 0 <= digits <= MAX_DIGITS
+                      and _exact(x[valid], digits)):
+                digits = None
+            if digits is None:
+                return None
+            with np.errstate(over="ignore", invalid="ignore"):   # whatever lies under nulls
+                m = np.rint(x * np.float64(10.0 ** digits))
             m[~valid] = 0
-        ints = FOR.encode(m.astype(np.int64))
+            m = m.astype(np.int64)
+        ints = FOR.encode(m)
         buffers = []
         if is_arrow(values):
             meta = arrow_meta(normalize_arrow(values))
