@@ -29,7 +29,11 @@ again, each after the engine has settled (its idle merger done, as between two d
 changes). They show the
 cost of the history a trace keeps without logical compaction: orders then hold every
 retracted amount and its retraction at their times, which a lookup reads and sums.
-The memory of every round is checked. Each system runs in its own subprocess.
+The memory of every round is checked against the README's two figures: the peak RSS
+from before ``import arrangedb`` (imported first, as programs using it do, so the figure
+holds numpy and pyarrow too) within the budget plus ``PROCESS_RSS_ALLOWANCE``, and over
+the RSS when the engine started within the budget plus ``RSS_ALLOWANCE``. Each system
+runs in its own subprocess.
 
 Scale: smoke (0.005) by default; ``ARRANGEDB_BENCH_SCALE=full`` -> scale 1.0 under 512 MiB.
 """
@@ -109,9 +113,15 @@ def _arrangedb(paths: dict, workdir: str, names: list[str]) -> dict:
                 t0 = time.perf_counter()
                 view.refresh()
                 seconds.setdefault(name, []).append(time.perf_counter() - t0)
-                stats = engine.stats()   # RSS from before arrangedb's import, as a limit sees
+                # RSS from before arrangedb's import (numpy and pyarrow load after it: the
+                # process's whole RSS but the bare interpreter), as a limit sees; and over
+                # the RSS when the engine started, the work alone
+                stats = engine.stats()
                 out[f"{name}_peak_rss"] = max(out.get(f"{name}_peak_rss", 0),
                                               stats["peak_rss_over_before_engine_code_bytes"])
+                out[f"{name}_engine_peak"] = max(
+                    out.get(f"{name}_engine_peak", 0),
+                    stats["peak_rss_bytes"] - stats["baseline_rss_bytes"])
                 out[f"{name}_peak_over_start"] = max(
                     out.get(f"{name}_peak_over_start", -2 ** 62),
                     stats["peak_rss_bytes"] - baseline)
@@ -228,7 +238,7 @@ def _combined(outs: list[dict]) -> dict:
     for k in ours:
         if k.endswith("_seconds"):
             ours[k] = float(np.median([o[k] for o in outs]))
-        elif k.endswith(("_peak_rss", "_peak_over_start")):
+        elif k.endswith(("_peak_rss", "_engine_peak", "_peak_over_start")):
             ours[k] = max(o[k] for o in outs)
     ours["engines"] = outs
     return ours
@@ -254,14 +264,16 @@ def _check(benchmark, outs: list[dict], duck: dict, names) -> None:
         print(f"  {name:18} refresh {ours[f'{name}_refresh_seconds']:.3f} s "
               f"({ours[f'{name}_kind']}); recompute / refresh = {r:.1f}x "
               f"(target {f'{TARGETS[name]}x' if TARGETS[name] else 'none'}); "
-              f"peak RSS {ours[f'{name}_peak_rss'] / 2**20:.0f} "
-              f"MiB ({ours[f'{name}_peak_over_start'] / 2**20:+.0f} MiB over its start)")
+              f"peak RSS {ours[f'{name}_peak_rss'] / 2**20:.0f} MiB from before import, "
+              f"{ours[f'{name}_engine_peak'] / 2**20:.0f} MiB over the engine's start "
+              f"({ours[f'{name}_peak_over_start'] / 2**20:+.0f} MiB over the refresh's)")
         for o in outs:
             print(f"    {'an engine':16} first delta {o[f'{name}_refresh_seconds']:.3f} s; "
                   f"rounds {', '.join(f'{x:.3f}' for x in o[f'{name}_refresh_runs'])} s")
-    from arrangedb.pager import RSS_ALLOWANCE as allowance
-    for name in names:
-        assert ours[f"{name}_peak_rss"] <= ours["budget"] + allowance, name
+    from arrangedb.pager import PROCESS_RSS_ALLOWANCE, RSS_ALLOWANCE
+    for name in names:   # the README's two memory figures
+        assert ours[f"{name}_peak_rss"] <= ours["budget"] + PROCESS_RSS_ALLOWANCE, name
+        assert ours[f"{name}_engine_peak"] <= ours["budget"] + RSS_ALLOWANCE, name
     if FULL:
         missed = {n: r for n, r in ratios.items() if TARGETS[n] and r < TARGETS[n]}
         if missed:   # named, not hidden
