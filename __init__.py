@@ -75,12 +75,23 @@ def _tune_numpy_sorts() -> None:
     The feature names are numpy 2.4's (older ones name them otherwise)."""
     import sys
 
-    if ("numpy" in sys.modules or "NPY_DISABLE_CPU_FEATURES" in os.environ
+    setting = numpy_sort_setting()
+    if setting is not None and "numpy" not in sys.modules:
+        os.environ["NPY_DISABLE_CPU_FEATURES"] = setting
+
+
+def numpy_sort_setting() -> str | None:
+    """The ``NPY_DISABLE_CPU_FEATURES`` value that gives numpy its AVX2 sorts on this
+    machine, or None: a fast machine, numpy older than 2.4, the environment's own
+    setting, or ``ARRANGEDB_TUNE_NUMPY=0``. Processes started from this one (a local
+    Spark session's Python workers) load numpy afresh and can take it."""
+    if ("NPY_DISABLE_CPU_FEATURES" in os.environ
             or os.environ.get("ARRANGEDB_TUNE_NUMPY", "1") == "0"):
-        return
+        return None
     version = _numpy_version()
-    if version is not None and version >= (2, 4) and _slow_avx512_sorts():
-        os.environ["NPY_DISABLE_CPU_FEATURES"] = "X86_V4 AVX512_ICL AVX512_SPR"
+    if version is None or version < (2, 4) or not _slow_avx512_sorts():
+        return None
+    return "X86_V4 AVX512_ICL AVX512_SPR"
 
 
 def _numpy_version() -> tuple[int, int] | None:

@@ -13,9 +13,14 @@ def local_session(master: str = "local[2]", memory_budget="512MiB", app: str = "
     Binds to 127.0.0.1 (pip pyspark otherwise picks a non-loopback address, which
     ``local-cluster`` masters and sandboxes do not always reach).
     """
+    import arrangedb
+
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    numpy_setting = arrangedb.numpy_sort_setting()
+    if numpy_setting is not None:   # the workers, on this machine, load numpy afresh
+        os.environ["NPY_DISABLE_CPU_FEATURES"] = numpy_setting
     from pyspark.sql import SparkSession
 
     b = (SparkSession.builder.master(master).appName(app)
@@ -29,6 +34,8 @@ def local_session(master: str = "local[2]", memory_budget="512MiB", app: str = "
          .config("spark.sql.execution.arrow.maxRecordsPerBatch", "65536")
          .config("spark.arrangedb.memoryBudget", str(memory_budget))
          .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable))
+    if numpy_setting is not None:
+        b = b.config("spark.executorEnv.NPY_DISABLE_CPU_FEATURES", numpy_setting)
     for k, v in (extra or {}).items():
         b = b.config(k, str(v))
     spark = b.getOrCreate()

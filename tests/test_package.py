@@ -77,5 +77,11 @@ def test_numpy_sorts_are_tuned_only_where_avx512_sorts_are_slow(tmp_path):
                 else "None")
     assert setting("arrangedb") == expected
     assert setting("numpy, arrangedb") == "None"                  # too late: numpy loaded
+    children = subprocess.run(   # ... but processes it starts (local Spark workers) can
+        [sys.executable, "-c", "import numpy, arrangedb; print(arrangedb.numpy_sort_setting())"],
+        env={k: v for k, v in __import__("os").environ.items()
+             if k not in ("NPY_DISABLE_CPU_FEATURES", "ARRANGEDB_TUNE_NUMPY")},
+        capture_output=True, text=True, check=True)
+    assert children.stdout.strip() == expected
     assert setting("arrangedb", ARRANGEDB_TUNE_NUMPY="0") == "None"
     assert setting("arrangedb", NPY_DISABLE_CPU_FEATURES="X86_V4") == "X86_V4"
