@@ -68,7 +68,8 @@ def _tune_numpy_sorts() -> None:
     """Have numpy sort with its AVX2 kernels on CPUs where its AVX-512 ones are slow
     (:func:`_slow_avx512_sorts`): measured on a Zen 4 EPYC, sorting 1M int64 took
     51 ns a value with AVX-512 and 10 with AVX2, argsort 75 and 28, and arranging
-    40M rows ~0.8 s less; numpy's arithmetic runs at the same speed either way.
+    40M rows took 2.3-2.6 s instead of 3.4-3.6; numpy's arithmetic runs at the same
+    speed either way.
     numpy reads ``NPY_DISABLE_CPU_FEATURES`` when it loads, so this works only when
     arrangedb is imported before numpy (and pyarrow, which loads numpy); the
     environment's own setting wins, and ``ARRANGEDB_TUNE_NUMPY=0`` leaves numpy alone.
@@ -118,6 +119,7 @@ what ``Engine.stats()["rss_before_engine_code_bytes"]`` reports."""
 
 _EXPORTS = {
     "Engine": "arrangedb.spine.engine",
+    "SlowSortWarning": "arrangedb.spine.engine",
     "Trace": "arrangedb.spine.trace",
     "TraceHandle": "arrangedb.spine.handle",
     "SchemaError": "arrangedb.spine.data.ingest",

@@ -49,6 +49,27 @@ def _load_code() -> None:
         importlib.import_module(module)
     pa.array([0])
     _code_loaded = True
+    _warn_slow_sorts()
+
+
+class SlowSortWarning(UserWarning):
+    """numpy was loaded before arrangedb on a CPU where its default sorts are slow."""
+
+
+def _warn_slow_sorts() -> None:
+    """Say, once per process, that numpy sorts with its slow AVX-512 kernels here and
+    how to give it the fast ones. The setting is still to be made only when numpy was
+    loaded before ``import arrangedb`` could make it (``arrangedb/__init__.py``)."""
+    import warnings
+
+    setting = arrangedb.numpy_sort_setting()
+    if setting is not None:
+        warnings.warn(
+            f"numpy was imported before arrangedb, and on this CPU (AMD Zen 4) its AVX-512 "
+            f"sorts run ~5x slower than its AVX2 ones, and arranging ~1.4x slower: "
+            f"import arrangedb before numpy and pyarrow, or set "
+            f"NPY_DISABLE_CPU_FEATURES=\"{setting}\" in the environment "
+            f"(ARRANGEDB_TUNE_NUMPY=0 silences this)", SlowSortWarning, stacklevel=4)
 
 
 _open: "weakref.WeakValueDictionary[int, Engine]" = weakref.WeakValueDictionary()

@@ -85,3 +85,30 @@ def test_numpy_sorts_are_tuned_only_where_avx512_sorts_are_slow(tmp_path):
     assert children.stdout.strip() == expected
     assert setting("arrangedb", ARRANGEDB_TUNE_NUMPY="0") == "None"
     assert setting("arrangedb", NPY_DISABLE_CPU_FEATURES="X86_V4") == "X86_V4"
+
+
+def test_an_engine_says_once_when_numpy_sorts_slowly_here():
+    """Where numpy's sorts are slow and numpy loaded before arrangedb could tune it, the
+    first engine warns, naming the setting; imported first, or told not to, it is quiet."""
+    import os
+
+    import arrangedb
+
+    code = ("import warnings; warnings.simplefilter('always'); {first}\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    arrangedb.Engine(memory_budget='64MiB').close()\n"
+            "    arrangedb.Engine(memory_budget='64MiB').close()\n"
+            "print(sum(issubclass(x.category, arrangedb.SlowSortWarning) for x in w))")
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("NPY_DISABLE_CPU_FEATURES", "ARRANGEDB_TUNE_NUMPY")}
+
+    def warned(first: str, **env) -> int:
+        out = subprocess.run([sys.executable, "-c", code.format(first=first)],
+                             env={**clean, **env}, capture_output=True, text=True, check=True)
+        return int(out.stdout.strip())
+
+    slow = arrangedb._slow_avx512_sorts() and arrangedb._numpy_version() >= (2, 4)
+    assert warned("import numpy, arrangedb") == (1 if slow else 0)   # once, not per engine
+    assert warned("import arrangedb, numpy") == 0
+    assert warned("import numpy, arrangedb", ARRANGEDB_TUNE_NUMPY="0") == 0
