@@ -48,15 +48,16 @@ def sort_rows(kc: np.ndarray, vc, times: np.ndarray | None,
     """An order sorting rows by (key code, val codes, time), and the positions along it
     where a distinct row begins (full ties, which are duplicates, in any order).
     :func:`sorted_rows` also gives the sorted key codes."""
-    order, starts, _ = sorted_rows(kc, vc, times, presorted_runs)
+    order, starts, _ = sorted_rows(kc, vc, times, presorted_runs, keys=False)
     return order, starts
 
 
-def sorted_rows(kc: np.ndarray, vc, times: np.ndarray | None, presorted_runs: bool = False
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def sorted_rows(kc: np.ndarray, vc, times: np.ndarray | None, presorted_runs: bool = False,
+                keys: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """:func:`sort_rows`, and ``kc[order]`` when the sort holds it (the key codes whole
     in the packed values, or the rows in order already; None otherwise): unpacking it
     reads the sorted values in order, where the gather reads ``kc`` at random.
+    ``keys=False``: never unpacked (None), as :func:`sort_rows` asks.
 
     ``vc``: None, one code array, or a list of them (one per val column).
 
@@ -82,7 +83,7 @@ def sorted_rows(kc: np.ndarray, vc, times: np.ndarray | None, presorted_runs: bo
             order = np.argsort(kc, kind="stable")
             return order, row_starts(kc[order]), None
         return packed[0], _starts_of(packed[1]), None
-    return _prefix_order(columns, presorted_runs)
+    return _prefix_order(columns, presorted_runs, keys)
 
 
 def _in_order(columns: list[np.ndarray]) -> bool:
@@ -131,11 +132,12 @@ def _tie_groups(ties: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     return sub, np.cumsum(~continues)
 
 
-def _prefix_order(columns: list[np.ndarray], presorted_runs: bool = False
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def _prefix_order(columns: list[np.ndarray], presorted_runs: bool = False,
+                  unpack: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Order by integer code columns too wide to pack together (most significant first),
-    where distinct rows begin along it, and the first column in that order when all of
-    its bits are in the prefix (a refinement of prefix ties keeps it: tied rows share it).
+    where distinct rows begin along it, and (``unpack``) the first column in that order
+    when all of its bits are in the prefix (a refinement of prefix ties keeps it: tied rows
+    share it).
 
     One packed value sort of the columns' leading bits -- as many as fit beside the row
     index -- orders almost everything; only rows whose prefixes tie are then sorted by
@@ -164,6 +166,7 @@ def _prefix_order(columns: list[np.ndarray], presorted_runs: bool = False
         del off
         used += take
     whole, lead_bits, lo = first
+    whole = whole and unpack
     # the prefix is its own offset (its columns' are): below 2**used, no offsetting pass
     packed = _packed_argsort(prefix, stable_merge=presorted_runs, ties=True, bits=used,
                              values=whole)
