@@ -44,12 +44,15 @@ from arrangedb.pager.sizes import format_size, parse_size
 RSS_ALLOWANCE = 100 << 20
 """Fixed allowance over ``limit`` for what reservations cannot see (see module doc)."""
 
-PROCESS_RSS_ALLOWANCE = 176 << 20
+PROCESS_RSS_ALLOWANCE = 208 << 20
 """What a whole process holds beside its budget, as a container limit sees it: the
 interpreter, numpy, pyarrow (and pandas, which pyarrow imports on its first numpy
 conversion when it is installed), arrangedb's code, and the work's allowance. A fresh
 process that runs one job stays within ``limit + PROCESS_RSS_ALLOWANCE`` of RSS from its
-start (tests/test_process_memory.py, on data 8x the budget)."""
+start (tests/test_process_memory.py, on data 8x the budget). The libraries' share
+depends on the page cache: just installed, they sit whole in it and map ~35 MiB more as
+they load (96 MiB after importing numpy and pyarrow, against 61 MiB once the cache has
+let them go), which is what a fresh checkout's test run sees."""
 
 class MemoryBudget:
     """A byte budget with reservations, spillers and an RSS sampler."""
