@@ -102,29 +102,20 @@ class ScaledFloat(Codec):
         if got is None:
             return None
         x, valid = got
-        if valid is None:   # the exactness check's scaled values are the ones stored
-            if digits is None:
-                found = _fewest_digits(x)
-            elif isinstance(digits, int) and 0 <= digits <= MAX_DIGITS:
-                m = _scaled(x, digits)
-                found = None if m is None else (digits, m)
-            else:
-                found = None
-            if found is None:
-                return None
-            digits, m = found
+        live = x if valid is None else x[valid]
+        if digits is None:
+            found = _fewest_digits(live)
+        elif isinstance(digits, int) and 0 <= digits <= MAX_DIGITS:
+            scaled = _scaled(live, digits)
+            found = None if scaled is None else (digits, scaled)
         else:
-            if digits is None:
-                digits = decimal_digits(values)
-            elif not (isinstance(digits, int) and 0 <= digits <= MAX_DIGITS
-                      and _exact(x[valid], digits)):
-                digits = None
-            if digits is None:
-                return None
-            with np.errstate(over="ignore", invalid="ignore"):   # whatever lies under nulls
-                m = np.rint(x * np.float64(10.0 ** digits))
-            m[~valid] = 0
-            m = m.astype(np.int64)
+            found = None
+        if found is None:
+            return None
+        digits, m = found   # the exactness check's integers are the ones stored
+        if valid is not None:   # zeros under the nulls
+            m = np.zeros(len(x), np.int64)
+            m[valid] = found[1]
         ints = FOR.encode(m)
         buffers = []
         if is_arrow(values):

@@ -99,10 +99,7 @@ def consolidate(upd: Updates, since: int | None = None, presorted_runs: bool | i
             pos, sums = None, constant(diffs[0], n, np.int64)
         else:
             pos = starts
-            sums = np.empty(len(starts), np.int64)   # each row's count: the next start's gap
-            np.subtract(starts[1:], starts[:-1], out=sums[:-1])
-            sums[-1] = n - starts[-1]
-            sums *= diffs[0]
+            sums = np.diff(np.append(starts, n)) * diffs[0]   # each row's count, weighed
     else:
         pos, sums = _nonzero_sums(diffs[order], starts)
     rows = order if pos is None else order[pos]
