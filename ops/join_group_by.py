@@ -136,8 +136,15 @@ class _KeyPartials:
             if odd_key is not None:
                 np.add.at(n_rows, odd_key, counts[odd] - unit)
         summed = block.key_sums or {}
+        weighted_sums = block.weighted_sums or {}
         out = {}
         for name, (fn, col) in self.aggs.items():
+            if col is not None and self.column_of[col] in weighted_sums:
+                # summed on its encoding, weighted by the counts: no nulls, no decimal
+                s = weighted_sums[self.column_of[col]]
+                for pname, kind in self.plan[name]:
+                    out[pname] = n_rows if kind == "n" else rows if kind == "v" else s
+                continue
             if col is not None and self.column_of[col] in summed:
                 # summed on its encoding: no nulls, every row counted ``unit`` times
                 s = summed[self.column_of[col]]

@@ -143,11 +143,14 @@ def leaf_update_index(bounds: np.ndarray, singleton: bool = False
     b = bounds.astype(np.int64)
     stored = np.diff(b)
     counts = np.maximum(stored, 1)
-    if singleton or np.all(stored == 1):
-        return None, counts  # identity, or every update is the one stored pair
+    if singleton:
+        return None, counts
+    if not (stored > 1).any():
+        if b[-1] - b[0] == len(stored):
+            return None, counts   # identity: every leaf stores its one update
+        # a leaf, one update: its own or the one before it, the last stored at its end
+        return b[1:] - 1, counts
     starts = np.where(stored == 0, b[:-1] - 1, b[:-1])
-    if not (stored > 1).any():   # a leaf, one update (or the one before it): no ranges
-        return starts, counts
     return ranges(starts, counts), counts
 
 

@@ -48,6 +48,9 @@ class Block:
     # a reader asked summed (``part_blocks``) and the part could sum without decoding;
     # such a column is absent from ``vals``, and ``counts`` then is one constant
     key_sums: dict | None = None
+    # as ``key_sums``, each value weighted by its row's count, from a part whose counts
+    # vary (one time, a few rows counted otherwise); such a column is absent from ``vals``
+    weighted_sums: dict | None = None
 
     @property
     def num_keys(self) -> int:
@@ -245,7 +248,7 @@ def _batch_blocks(ctx, batch, at, dictionary, sums, columns) -> Iterator[Block]:
         for part in batch.parts:
             if part.num_updates == 0:
                 continue
-            layout, key_sums = part.summed_layout(dictionary, sums, columns)
+            layout, key_sums, counts = part.summed_layout(dictionary, sums, columns)
             if layout is None:   # a resident part: its updates, reserved already
                 upd, starts = part.read(dictionary)
                 try:
@@ -254,8 +257,9 @@ def _batch_blocks(ctx, batch, at, dictionary, sums, columns) -> Iterator[Block]:
                     part.release()
                 nbytes = upd.vals.nbytes if dictionary and upd.vals is not None else 0
             else:
-                block = _layout_block(layout, at, key_sums)
-                nbytes = _layout_bytes(layout) + sum(x.nbytes for x in key_sums.values())
+                block = _layout_block(layout, at, key_sums, counts)
+                nbytes = (_layout_bytes(layout) + sum(x.nbytes for x in key_sums.values())
+                          + (0 if counts is None else counts.nbytes))
             ctx.reserve(nbytes, "decoded part")
             try:
                 if len(block):
@@ -272,22 +276,30 @@ def _layout_bytes(layout: PartLayout) -> int:
             + sum(a.nbytes for a in arrays if a is not None and not is_constant(a)))
 
 
-def _layout_block(layout: PartLayout, at: int | None, key_sums: dict | None = None) -> Block:
+def _layout_block(layout: PartLayout, at: int | None, key_sums: dict | None = None,
+                  counts: np.ndarray | None = None) -> Block:
     """A part's layout as a Block at ``at``: each leaf's updates summed, zeros dropped.
-    ``key_sums`` come only with a layout of one stored (time, diff)."""
+    ``key_sums`` and ``counts``: as :meth:`Part.summed_layout` gives them (with
+    ``counts``, the updates share one time, each leaf's count is given, the sums weigh
+    each value by it; without, they come only under one stored (time, diff))."""
     keys, vals = layout.keys, layout.vals
     if vals is None:
         bounds = np.arange(keys.num_rows + 1, dtype=np.int64)
     else:
         bounds = layout.key_bounds.astype(np.int64)
     n_leaves = int(bounds[-1])   # vals may hold no column (all summed, see part_blocks)
+    empty = Block(keys.slice(0, 0), np.zeros(1, np.int64),
+                  None if vals is None else vals.slice(0, 0), np.zeros(0, np.int64))
+    if counts is not None:   # one time, each leaf one update of the count given
+        if at is not None and int(layout.times[0]) > at:
+            return empty
+        return Block(keys, bounds, vals, counts, weighted_sums=key_sums or None)
     if len(layout.times) == 1:
         # one stored (time, diff): every leaf is one update of it
         visible = at is None or int(layout.times[0]) <= at
         counts = constant(int(layout.diffs[0]) if visible else 0, n_leaves, np.int64)
         if not visible or counts[0] == 0:
-            return Block(keys.slice(0, 0), np.zeros(1, np.int64),
-                         None if vals is None else vals.slice(0, 0), np.zeros(0, np.int64))
+            return empty
         return Block(keys, bounds, vals, counts, key_sums=key_sums or None)
     leaves = layout.val_bounds if vals is not None else layout.key_bounds
     idx, per_leaf = leaf_update_index(leaves)

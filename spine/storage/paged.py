@@ -15,7 +15,7 @@ from arrangedb.codecs import (CodecError, decode, decode_dictionary, decodes_fre
                               segment_sums, take, take_dictionary, zstd_blocks)
 from arrangedb.codecs.base import lookup
 from arrangedb.spine.data.layout import PartLayout
-from arrangedb.spine.data.updates import Updates
+from arrangedb.spine.data.updates import Updates, all_equal
 from arrangedb.spine.storage.dictionaries import as_dictionary, dictionary_schema
 from arrangedb.spine.storage.part import FIELDS, Part, expand
 
@@ -134,27 +134,38 @@ class PagedPart(Part):
         return self.summed_layout(dictionary)[0]
 
     def summed_layout(self, dictionary: frozenset = frozenset(), sums: frozenset = frozenset(),
-                      columns: frozenset | None = None) -> tuple[PartLayout, dict]:
+                      columns: frozenset | None = None
+                      ) -> tuple[PartLayout, dict, np.ndarray | None]:
         val_schema = self.schemas[1]
         names = [] if val_schema is None else [
             f for f in val_schema.names if columns is None or f in columns or f in sums]
-        key_sums = {}
+        key_sums, counts = {}, None
         try:
             cols = self._decode(("times", "diffs"), None)
             # under one stored (time, diff) the leaf bounds say nothing: not even decoded
             singleton = len(cols["times"]) == 1
+            one_time = (not singleton and bool(sums) and val_schema is not None
+                        and len(cols["times"]) > 1 and all_equal(cols["times"]))
+            if one_time:   # leaf counts straight from the bounds' runs, when stored so
+                counts = _run_counts(self.columns["val_bounds"][0], cols["diffs"])
             keyed = not singleton or val_schema is not None
             rest = ("keys",) + (("key_bounds",) if keyed else ()) + \
-                (() if singleton else ("val_bounds",))
+                (() if singleton or counts is not None else ("val_bounds",))
             cols.update((k, v) for k, v in self._decode(rest, None).items() if k in rest)
             if singleton and sums and val_schema is not None:
                 key_sums = self._key_sums(sums, cols["key_bounds"])
                 names = [f for f in names if f not in key_sums]
+            elif one_time:
+                if counts is None:
+                    counts = _leaf_counts(cols["val_bounds"], cols["diffs"])
+                if counts is not None:
+                    key_sums = self._weighted_sums(sums, cols["key_bounds"], counts)
+                    names = [f for f in names if f not in key_sums]
             if val_schema is not None:
                 cols["vals"] = self._decode(("vals",), None, dictionary, names)["vals"]
         finally:
             self.release()  # the bytes were copied out (or failed to): let the pages go
-        return self._assemble(cols, dictionary=dictionary, val_names=names), key_sums
+        return self._assemble(cols, dictionary=dictionary, val_names=names), key_sums, counts
 
     def min_diff(self) -> int:
         try:
@@ -172,6 +183,37 @@ class PagedPart(Part):
                 got = column_segment_sums(self.pagefile, group, starts)
                 if got is not None:
                     out[f] = got
+        return out
+
+    def _weighted_sums(self, sums: frozenset, key_bounds: np.ndarray, counts: np.ndarray
+                       ) -> dict[str, np.ndarray]:
+        """Per-key sums of value x count of the ``sums`` columns, in a part whose rows
+        share one time but not one count (a consolidated join output: a few rows counted
+        twice). Summed on the encoding as if every row counted the usual count, then
+        corrected at the few rows that count otherwise, taken from the encoding; {} when
+        those are not few. Decimal columns are left out: their sums stay exact as limbs
+        of unweighted sums."""
+        sample = counts[:: max(1, len(counts) // 64)]
+        distinct, seen = np.unique(sample, return_counts=True)
+        unit = int(distinct[np.argmax(seen)])   # the usual count, whatever the first row's
+        odd = np.flatnonzero(counts != unit)
+        if len(odd) > len(counts) // 8:
+            return {}
+        starts = key_bounds[:-1].astype(np.int64)
+        odd_key = np.searchsorted(starts, odd, side="right") - 1
+        out = {}
+        for f, group in zip(self.schemas[1].names, self.columns["vals"]):
+            if f not in sums or pa.types.is_decimal(self.schemas[1].field(f).type):
+                continue
+            got = column_segment_sums(self.pagefile, group, starts)
+            if got is None:
+                continue
+            if unit != 1:
+                got = got * unit
+            if len(odd):
+                values = np.asarray(take_column(self.pagefile, group, odd))
+                np.add.at(got, odd_key, values * (counts[odd] - unit))
+            out[f] = got
         return out
 
     def layout(self) -> PartLayout:
@@ -255,6 +297,41 @@ class PagedPart(Part):
     def release(self) -> None:
         self.pagefile.release_all([r for groups in self.columns.values() for group in groups
                                    for r in group["regions"]])
+
+
+def _run_counts(group: dict, diffs: np.ndarray) -> np.ndarray | None:
+    """Each leaf's count in a part whose updates share one time, from its leaf bounds
+    stored as runs (``offsets``' metadata, no bytes): a run of steps of 1 stores one
+    update per leaf, a run of 0 repeats the last one stored. None when the bounds are
+    stored otherwise, or a leaf holds several updates."""
+    meta = group.get("meta") or {}
+    if group.get("codec") != "offsets" or meta.get("form") != "runs" or meta.get("first") != 0:
+        return None
+    steps, lengths = meta.get("deltas") or [], meta.get("counts") or []
+    if len(steps) != len(lengths) or any(d not in (0, 1) or c < 0 for d, c in zip(steps, lengths)):
+        return None
+    out = np.empty(sum(lengths), np.int64)
+    leaf = stored = 0
+    for step, length in zip(steps, lengths):   # the few runs of the metadata
+        if step:
+            if stored + length > len(diffs):
+                return None
+            out[leaf:leaf + length] = diffs[stored:stored + length]
+            stored += length
+        elif length:
+            if stored == 0:
+                return None
+            out[leaf:leaf + length] = diffs[stored - 1]
+        leaf += length
+    return out if stored == len(diffs) else None
+
+
+def _leaf_counts(val_bounds: np.ndarray, diffs: np.ndarray) -> np.ndarray | None:
+    """As :func:`_run_counts`, from decoded leaf bounds."""
+    b = val_bounds.astype(np.int64)
+    if len(b) < 2 or (np.diff(b) > 1).any():
+        return None
+    return diffs[b[1:] - 1].astype(np.int64)   # each leaf's update: the last stored at its end
 
 
 def _table(columns: list | None, schema: pa.Schema) -> pa.Table:

@@ -139,15 +139,20 @@ class Part:
         return self._coded_layout(dictionary)
 
     def summed_layout(self, dictionary: frozenset = frozenset(), sums: frozenset = frozenset(),
-                      columns: frozenset | None = None) -> tuple[PartLayout | None, dict]:
+                      columns: frozenset | None = None
+                      ) -> tuple[PartLayout | None, dict, np.ndarray | None]:
         """:meth:`stored_layout`, with the val columns named in ``sums`` summed per key
-        rather than decoded where the part allows it: ``(layout, {column: per-key sums})``.
+        rather than decoded where the part allows it: ``(layout, {column: per-key sums},
+        counts)``.
 
-        A part can when it holds one stored (time, diff), every val one update of it, and
-        the column's encoding sums runs of values without decoding them
-        (``codecs.segment_sums``): the layout then lacks that column. ``columns``: the
+        A part can when the column's encoding sums runs of values without decoding them
+        (``codecs.segment_sums``) and it holds one stored (time, diff), every val one
+        update of it: the sums are then unweighted, each row counting that diff. Or when
+        its updates share one time and only a few count otherwise than the rest: the
+        sums are then of value x count, and ``counts`` holds each val's count (its leaf
+        bounds may then be absent). The layout lacks a column summed. ``columns``: the
         other val columns the reader needs (None: all); the layout may hold more."""
-        return self.stored_layout(dictionary), {}
+        return self.stored_layout(dictionary), {}, None
 
     def min_diff(self) -> int:
         """The smallest diff stored in the part (1 when it holds none)."""

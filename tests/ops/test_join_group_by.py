@@ -152,14 +152,18 @@ def test_float_sums_and_nulls_in_the_group_column(engine, monkeypatch):
 
 
 @SETTINGS
-@given(st.integers(1, 3000), st.integers(1, 300), st.integers(0, 2**32 - 1))
-def test_sums_on_the_encoding_match_duckdb(tmp_path_factory, monkeypatch, n, nkeys, seed):
-    """Each (key, val) once, at one time: A's parts are summed on their encodings
-    (decimal amounts, integers) without decoding them, and the result is DuckDB's."""
+@given(st.integers(1, 3000), st.integers(1, 300), st.booleans(), st.integers(0, 2**32 - 1))
+def test_sums_on_the_encoding_match_duckdb(tmp_path_factory, monkeypatch, n, nkeys, twice,
+                                           seed):
+    """Each (key, val) once -- or, ``twice``, a few of them twice (counted 2 once
+    consolidated) -- at one time: A's parts are summed on their encodings (decimal
+    amounts, integers) without decoding them, and the result is DuckDB's."""
     rng = np.random.default_rng(seed)
     L = pa.table({"k": rng.integers(0, nkeys, n),
                   "x": (rng.permutation(n) - 300) / 100,   # distinct: no (key, val) twice
                   "i": rng.permutation(n) * 7 - 100})
+    if twice:
+        L = pa.concat_tables([L, L.take(np.flatnonzero(rng.random(n) < 0.03))])
     R = pa.table({"k": np.arange(nkeys), "g": rng.integers(0, 4, nkeys)})
     _no_join(monkeypatch)
     storage = importlib.import_module("arrangedb.spine.storage.paged")
@@ -263,17 +267,21 @@ def test_part_blocks_hold_what_the_cursor_holds(tmp_path_factory, n, nkeys, time
 
 @SETTINGS
 @given(st.integers(1, 400), st.integers(1, 40), st.booleans(), st.booleans(),
-       st.integers(0, 2**32 - 1))
+       st.integers(0, 3), st.integers(0, 2**32 - 1))
 def test_part_blocks_sum_columns_on_their_encoding(tmp_path_factory, n, nkeys, history,
-                                                   nulls, seed):
+                                                   nulls, copies, seed):
     """Columns asked summed come as per-key sums -- equal to summing the decoded values
-    -- from every part holding one stored (time, diff), and only from those; the
-    other columns asked for are there."""
+    -- from every part holding one stored (time, diff); from parts at one time whose
+    rows count differently (rows repeated ``copies`` times: consolidated, a few count
+    more), as per-key sums of value x count; the other columns asked for are there."""
     rng = np.random.default_rng(seed)
     x = np.round(rng.integers(-10**6, 10**6, n) / 100, 2)
     data = pa.table({"k": rng.integers(0, nkeys, n), "i": rng.integers(-50, 10**6, n),
                      "x": pa.array(x, mask=rng.random(n) < 0.2 if nulls else None),
                      "s": pa.array([f"s{v}" for v in rng.integers(0, 5, n)])})
+    if copies:   # some rows again: they consolidate to counts of 2, 3...
+        again = [data.take(np.flatnonzero(rng.random(n) < 0.05)) for _ in range(copies)]
+        data = pa.concat_tables([data, *again])
     with adb.Engine(spill_dir=tmp_path_factory.mktemp("s"), memory_budget="16MiB") as e:
         t = e.arrange(data, key=["k"], vals=["i", "x", "s"])
         if history:   # a retraction at a later time: parts with several (time, diff)
@@ -287,22 +295,26 @@ def test_part_blocks_sum_columns_on_their_encoding(tmp_path_factory, n, nkeys, h
     for g, p in zip(got, plain):
         assert g.keys.equals(p.keys) and (g.key_bounds == p.key_bounds).all()
         assert g.vals.column("s").equals(p.vals.column("s"))
+        assert (np.asarray(g.counts) == np.asarray(p.counts)).all()
         for name in ("i", "x"):
-            if name not in (g.key_sums or {}):
+            weighted = name in (g.weighted_sums or {})
+            if name not in (g.key_sums or {}) and not weighted:
                 assert g.vals.column(name).equals(p.vals.column(name))
                 continue
             summed += 1
-            assert name not in g.vals.column_names and is_constant(g.counts)
+            assert name not in g.vals.column_names and weighted != is_constant(g.counts)
             assert p.vals.column(name).null_count == 0
             values = p.vals.column(name).to_numpy()
             starts = p.key_bounds[:-1].astype(np.int64)
+            got = (g.weighted_sums if weighted else g.key_sums)[name]
+            weights = np.asarray(p.counts, np.int64) if weighted else 1
             if name == "i":
-                assert g.key_sums[name].tolist() == np.add.reduceat(values, starts).tolist()
-            else:   # decimals: each key's exact sum, rounded once
+                assert got.tolist() == np.add.reduceat(values * weights, starts).tolist()
+            else:   # decimals: each key's sum, from the exact cents rounded once
                 cents = np.rint(values * 100).astype(np.int64)
-                want = np.add.reduceat(cents, starts) / 100
-                assert g.key_sums[name].tolist() == want.tolist()
-    if not history and n >= 64 and nkeys >= 8:   # one (time, diff) everywhere, and
+                want = np.add.reduceat(cents * weights, starts) / 100
+                np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-9)
+    if not history and not copies and n >= 64 and nkeys >= 8:   # one (time, diff), and
         # columns stored with frame-of-reference residuals (see the decimals test above)
         assert summed >= 1
 
