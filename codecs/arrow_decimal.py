@@ -165,7 +165,7 @@ class ArrowDecimal(Codec):
         if meta["validity"] and (start, stop) != (0, None):   # slices keep the bitmap
             return super().decode_range(version, meta, buffers, start, stop)
         t = str_to_type(meta["type"])
-        check(pa.types.is_decimal(t), f"arrow_decimal cannot decode type {t}")
+        check(pa.types.is_decimal(t), "arrow_decimal cannot decode type {}", t)
         width = t.byte_width
         start, stop = clamp_range(n, start, stop)
         buffers = list(buffers)

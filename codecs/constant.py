@@ -110,7 +110,7 @@ class Constant(Codec):
             return np.repeat(value, stop - start)
         check(meta["kind"] == "arrow", f"unknown kind {meta.get('kind')!r}")
         t = str_to_type(meta["type"])
-        check(flat_kind(t) is not None, f"type {t} cannot be stored const")
+        check(flat_kind(t) is not None, "type {} cannot be stored const", t)
         if meta["all_null"]:
             expect_buffers(buffers, 0)
             return pa.nulls(stop - start, t)

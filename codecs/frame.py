@@ -117,13 +117,13 @@ class FrameOfReference(Codec):
         # of a part cost their own number, not a decode of the column
         if meta["kind"] == "numpy":
             dt = meta_dtype(meta)
-            check(dt.kind in "iu", f"for cannot decode dtype {dt}")
+            check(dt.kind in "iu", "for cannot decode dtype {}", dt)
             vals = _take_values(dt, meta, buffers, rows)
             return super().take(version, meta, buffers, rows) if vals is None else vals
         check(meta["kind"] == "arrow", f"unknown kind {meta.get('kind')!r}")
         t = str_to_type(meta["type"])
         dt = int_storage_dtype(t)
-        check(dt is not None, f"for cannot decode type {t}")
+        check(dt is not None, "for cannot decode type {}", t)
         vals = None if meta["validity"] else _take_values(dt, meta, buffers, rows)
         if vals is None:   # nulls (a bitmap to gather) or deltas: decode, then take
             return super().take(version, meta, buffers, rows)
@@ -134,14 +134,14 @@ class FrameOfReference(Codec):
         if meta["kind"] == "numpy":
             start, stop = clamp_range(n, start, stop)
             dt = meta_dtype(meta)
-            check(dt.kind in "iu", f"for cannot decode dtype {dt}")
+            check(dt.kind in "iu", "for cannot decode dtype {}", dt)
             return _decode_values(dt, meta, buffers, n, start, stop)
         check(meta["kind"] == "arrow", f"unknown kind {meta.get('kind')!r}")
         if (start, stop) != (0, None):  # Arrow slices keep the bitmap: decode, slice zero-copy
             return super().decode_range(version, meta, buffers, start, stop)
         t = str_to_type(meta["type"])
         dt = int_storage_dtype(t)
-        check(dt is not None, f"for cannot decode type {t}")
+        check(dt is not None, "for cannot decode type {}", t)
         buffers = list(buffers)
         validity = pa.py_buffer(pop_validity(buffers, n)) if meta["validity"] else None
         vals = _decode_values(dt, meta, buffers, n, 0, n)

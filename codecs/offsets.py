@@ -88,7 +88,7 @@ class Offsets(Codec):
         # their buffer: no decode of the whole list (a lookup's few keys of a part)
         check(meta["kind"] == "numpy", "offsets encode numpy arrays only")
         dt = meta_dtype(meta)
-        check(dt.kind in "iu", f"offsets of dtype {dt}")
+        check(dt.kind in "iu", "offsets of dtype {}", dt)
         form = meta["form"]
         if form == "stride":
             expect_buffers(buffers, 0)
@@ -115,7 +115,7 @@ class Offsets(Codec):
     def decode_range(self, version, meta, buffers, start, stop):
         check(meta["kind"] == "numpy", "offsets encode numpy arrays only")
         dt = meta_dtype(meta)
-        check(dt.kind in "iu", f"offsets of dtype {dt}")
+        check(dt.kind in "iu", "offsets of dtype {}", dt)
         n = meta_length(meta)
         start, stop = clamp_range(n, start, stop)
         form = meta["form"]
@@ -154,7 +154,7 @@ class Offsets(Codec):
 def _split_parts(version, meta, buffers, dt: np.dtype):
     """The u32 head, the u64 tail and the cut of a ``split`` encoding, checked."""
     check(version >= 2, "offsets form 'split' needs version 2")
-    check(dt.itemsize == 8, f"split offsets of dtype {dt}")
+    check(dt.itemsize == 8, "split offsets of dtype {}", dt)
     expect_buffers(buffers, 2)
     n, cut = meta_length(meta), meta["cut"]
     check(type(cut) is int and 0 < cut <= n, f"bad split cut {cut!r}")

@@ -48,7 +48,7 @@ def encode_parts(values) -> tuple[dict, list]:
     """(meta, buffers) of the plain encoding of a numpy or Arrow array."""
     if isinstance(values, np.ndarray):
         check(values.ndim == 1, f"expected a 1-D array, got {values.ndim} dimensions")
-        check(values.dtype.kind not in "OV", f"cannot store numpy dtype {values.dtype}")
+        check(values.dtype.kind not in "OV", "cannot store numpy dtype {}", values.dtype)
         return numpy_meta(values), [np.ascontiguousarray(values)]
     check(is_arrow(values), f"cannot encode {type(values).__name__}")
     arr = normalize_arrow(values)
@@ -140,7 +140,7 @@ def decode_parts(meta: dict, buffers: list):
         return _decode_stride(t, n, meta, buffers)
     check(meta["layout"] == "flat", f"unknown layout {meta.get('layout')!r}")
     kind = flat_kind(t)
-    check(kind is not None, f"type {t} cannot have a flat layout")
+    check(kind is not None, "type {} cannot have a flat layout", t)
     has_validity = bool(meta["validity"])
     expect_buffers(buffers, has_validity + (2 if kind == "binary" else 1))
     bufs = [as_u8(b) for b in buffers]
@@ -165,7 +165,7 @@ def decode_parts(meta: dict, buffers: list):
 def _decode_stride(t: pa.DataType, n: int, meta: dict, buffers: list):
     """Strings of one length: offsets computed, data as stored (zero-copy)."""
     odt = binary_offset_dtype(t)
-    check(odt is not None, f"type {t} cannot have a stride layout")
+    check(odt is not None, "type {} cannot have a stride layout", t)
     w, has_validity = meta["width"], bool(meta["validity"])
     check(type(w) is int and w >= 0, f"bad stride width {w!r}")
     expect_buffers(buffers, has_validity + 1)

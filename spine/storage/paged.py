@@ -141,7 +141,7 @@ class PagedPart(Part):
             f for f in val_schema.names if columns is None or f in columns or f in sums]
         key_sums, counts = {}, None
         try:
-            cols = self._decode(("times", "diffs"), None)
+            cols = self._stored_updates()
             # under one stored (time, diff) the leaf bounds say nothing: not even decoded
             singleton = len(cols["times"]) == 1
             one_time = (not singleton and bool(sums) and val_schema is not None
@@ -166,6 +166,20 @@ class PagedPart(Part):
         finally:
             self.release()  # the bytes were copied out (or failed to): let the pages go
         return self._assemble(cols, dictionary=dictionary, val_names=names), key_sums, counts
+
+    def _stored_updates(self) -> dict:
+        """The decoded columns with the stored times and diffs. One stored (time, diff) is
+        kept once read: every read of the part would map, decode and release two regions
+        for two numbers."""
+        held = getattr(self, "_one_update", None)
+        if held is not None:
+            cols = dict.fromkeys(FIELDS)
+            cols["times"], cols["diffs"] = held
+            return cols
+        cols = self._decode(("times", "diffs"), None)
+        if len(cols["times"]) == 1:
+            self._one_update = (cols["times"], cols["diffs"])
+        return cols
 
     def min_diff(self) -> int:
         try:
@@ -237,15 +251,11 @@ class PagedPart(Part):
         vals_gathered = not singleton and _gathered(self.columns.get("val_bounds"))
         # the one (time, diff) is kept once read: every lookup of the part would map,
         # decode and release two regions for two numbers
-        held = getattr(self, "_one_update", None) if singleton else None
         cols = self._decode((() if dense else ("keys",)) + (() if computed else ("key_bounds",))
-                            + (() if singleton or vals_gathered else ("val_bounds",))
-                            + (("times", "diffs") if singleton and held is None else ()),
+                            + (() if singleton or vals_gathered else ("val_bounds",)),
                             self.cache)
         if singleton:
-            if held is None:
-                held = self._one_update = (cols["times"], cols["diffs"])
-            cols["times"], cols["diffs"] = held
+            cols.update((k, v) for k, v in self._stored_updates().items() if v is not None)
         key_schema, val_schema = self.schemas
         if dense:
             cols["keys"] = _DenseKeys(self.dense_first_key(), key_schema)
