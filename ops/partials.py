@@ -171,6 +171,9 @@ class Partials:
         return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
 
 
+BINCOUNT_WINDOW = 1 << 16   # codes counted at once by bincount_groups
+
+
 def bincount_groups(chunk: pa.Table, by: list[str], cols: dict) -> pa.Table | None:
     """Partials of a chunk grouped on one dictionary column, by ``np.bincount`` over its
     codes (~6x faster than hashing them): for counts and sums, whose integer totals stay
@@ -205,21 +208,27 @@ def bincount_groups(chunk: pa.Table, by: list[str], cols: dict) -> pa.Table | No
     count_rows = positive is None or any(c is None for c in cols.values())
     rows = np.zeros(k + 1, np.int64)
     sums = {i: np.zeros(k + 1) for i in distinct}
+    # bincount takes only what casts safely to intp (not uint64), and casts its weights
+    # to float64: window by window, into one small buffer that stays in cache, rather
+    # than arrays of the chunk's length that are faulted in afresh (a third faster)
+    window = np.empty(min(BINCOUNT_WINDOW, n), np.intp)
     lo = 0
     for part in column.chunks:   # chunk by chunk: the codes are never concatenated
         codes = (part.indices.fill_null(0) if part.null_count else part.indices).to_numpy(
             zero_copy_only=False)
-        # bincount takes only what casts safely to intp (not uint64); null keys go to
-        # slot k, which a narrow index type cannot hold
-        codes = codes.astype(np.intp, copy=bool(part.null_count))
-        if part.null_count:
-            codes[part.is_null().to_numpy(zero_copy_only=False)] = k
-        hi = lo + len(codes)
-        if count_rows:
-            rows += np.bincount(codes, minlength=k + 1)
-        for i, total in sums.items():
-            total += np.bincount(codes, weights=distinct[i][lo:hi], minlength=k + 1)
-        lo = hi
+        null = part.is_null().to_numpy(zero_copy_only=False) if part.null_count else None
+        for start in range(0, len(codes), BINCOUNT_WINDOW):
+            stop = min(start + BINCOUNT_WINDOW, len(codes))
+            idx = window[: stop - start]
+            idx[...] = codes[start:stop]
+            if null is not None:   # null keys go to slot k
+                idx[null[start:stop]] = k
+            if count_rows:
+                rows += np.bincount(idx, minlength=k + 1)
+            for i, total in sums.items():
+                total += np.bincount(idx, weights=distinct[i][lo + start:lo + stop],
+                                     minlength=k + 1)
+        lo += len(codes)
     present = np.flatnonzero(rows if count_rows else sums[positive])
     out = {by[0]: dictionary.take(pa.array(present, pa.int64(), mask=present == k))}
     for p, c in cols.items():

@@ -158,6 +158,10 @@ class PagedPart(Part):
             elif one_time:
                 if counts is None:
                     counts = _leaf_counts(cols["val_bounds"], cols["diffs"])
+                if counts is not None and len(counts) != int(cols["key_bounds"][-1]):
+                    raise CodecError(f"corrupt part in {self.pagefile.path}: its leaf bounds "
+                                     f"count {len(counts)} vals, its key bounds "
+                                     f"{int(cols['key_bounds'][-1])}")
                 if counts is not None:
                     key_sums = self._weighted_sums(sums, cols["key_bounds"], counts)
                     names = [f for f in names if f not in key_sums]
@@ -224,8 +228,9 @@ class PagedPart(Part):
                 continue
             if unit != 1:
                 got = got * unit
-            if len(odd):
-                values = np.asarray(take_column(self.pagefile, group, odd))
+            if len(odd):   # in the sums' type: unsigned values wrap into int64 as summed
+                values = np.asarray(take_column(self.pagefile, group, odd)).astype(
+                    got.dtype, copy=False)
                 np.add.at(got, odd_key, values * (counts[odd] - unit))
             out[f] = got
         return out
@@ -249,8 +254,6 @@ class PagedPart(Part):
         # decoded whole: a lookup of a few keys pays for those
         computed = _gathered(self.columns.get("key_bounds"))
         vals_gathered = not singleton and _gathered(self.columns.get("val_bounds"))
-        # the one (time, diff) is kept once read: every lookup of the part would map,
-        # decode and release two regions for two numbers
         cols = self._decode((() if dense else ("keys",)) + (() if computed else ("key_bounds",))
                             + (() if singleton or vals_gathered else ("val_bounds",)),
                             self.cache)
@@ -339,7 +342,7 @@ def _run_counts(group: dict, diffs: np.ndarray) -> np.ndarray | None:
 def _leaf_counts(val_bounds: np.ndarray, diffs: np.ndarray) -> np.ndarray | None:
     """As :func:`_run_counts`, from decoded leaf bounds."""
     b = val_bounds.astype(np.int64)
-    if len(b) < 2 or (np.diff(b) > 1).any():
+    if len(b) < 2 or b[0] != 0 or b[1] != 1 or (np.diff(b) > 1).any():
         return None
     return diffs[b[1:] - 1].astype(np.int64)   # each leaf's update: the last stored at its end
 
