@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from arrangedb.spine.data.codes import (absolute_codes, codes, count_le, is_absolute,
                                         sorted_row_starts)
-from arrangedb.spine.data.order import sort_rows, sorted_rows
+from arrangedb.spine.data.order import run_lengths, sort_rows, sorted_rows
 from arrangedb.spine.data.updates import Updates, all_equal, constant
 
 
@@ -73,16 +73,6 @@ def _sorted_keys(keys: pa.Table, sorted_codes: np.ndarray | None,
     return pa.Table.from_arrays([pa.array(values, type=col.type)], schema=keys.schema)
 
 
-def _run_lengths(starts: np.ndarray, n: int) -> np.ndarray:
-    """The lengths of the runs beginning at ``starts`` (rising, from 0) in ``n`` rows, in
-    one new array: a run's rows of a 40M-row input make arrays of hundreds of MB, each
-    faulted in afresh, where ``np.diff(np.append(starts, n))`` makes two."""
-    out = np.empty(len(starts), np.int64)
-    np.subtract(starts[1:], starts[:-1], out=out[:-1])
-    out[-1] = n - starts[-1]
-    return out
-
-
 def consolidate(upd: Updates, since: int | None = None, presorted_runs: bool | int = False
                 ) -> Updates:
     """Sort by (key, val, time), sum diffs of equal rows, drop zero sums.
@@ -108,7 +98,7 @@ def consolidate(upd: Updates, since: int | None = None, presorted_runs: bool | i
         if len(starts) == n:
             pos, sums = None, constant(diffs[0], n, np.int64)
         else:
-            pos, sums = starts, _run_lengths(starts, n)   # each row's count, weighed
+            pos, sums = starts, run_lengths(starts, n)   # each row's count, weighed
             if diffs[0] != 1:
                 sums *= diffs[0]
     else:

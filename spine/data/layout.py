@@ -39,6 +39,7 @@ import numpy as np
 import pyarrow as pa
 
 from arrangedb.spine.data.codes import sorted_row_starts
+from arrangedb.spine.data.order import run_lengths
 from arrangedb.spine.data.updates import Updates, all_equal, constant
 
 
@@ -74,7 +75,7 @@ def _compress_singletons(starts: np.ndarray, n: int, times: np.ndarray,
         keep = np.zeros(n, dtype=bool)
         keep[0] = True
         return bounds, keep
-    counts = np.diff(np.append(starts, n))
+    counts = run_lengths(starts, n)
     single = counts == 1
     t_first, d_first = times[starts], diffs[starts]
     same_as_prev = np.zeros(len(starts), dtype=bool)

@@ -25,6 +25,16 @@ def row_starts(*code_arrays: np.ndarray) -> np.ndarray:
     return np.flatnonzero(change)
 
 
+def run_lengths(starts: np.ndarray, n: int) -> np.ndarray:
+    """The lengths of the runs beginning at ``starts`` (rising, from 0) in ``n`` rows, in
+    one new array (``np.diff(np.append(starts, n))`` makes two, each faulted in afresh
+    when a run is large)."""
+    out = np.empty(len(starts), np.int64)
+    np.subtract(starts[1:], starts[:-1], out=out[:-1])
+    out[-1] = n - starts[-1]
+    return out
+
+
 def _bits(x: np.ndarray) -> tuple[int, np.ndarray, int]:
     """Bits needed for ``x - min(x)``, that offset array as uint64 (always a new array,
     never a view of ``x``: callers shift it in place), and ``min(x)``."""

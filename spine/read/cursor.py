@@ -276,6 +276,11 @@ def _layout_bytes(layout: PartLayout) -> int:
             + sum(a.nbytes for a in arrays if a is not None and not is_constant(a)))
 
 
+def _empty_block(keys: pa.Table, vals: pa.Table | None) -> Block:
+    return Block(keys.slice(0, 0), np.zeros(1, np.int64),
+                 None if vals is None else vals.slice(0, 0), np.zeros(0, np.int64))
+
+
 def _layout_block(layout: PartLayout, at: int | None, key_sums: dict | None = None,
                   counts: np.ndarray | None = None) -> Block:
     """A part's layout as a Block at ``at``: each leaf's updates summed, zeros dropped.
@@ -288,18 +293,16 @@ def _layout_block(layout: PartLayout, at: int | None, key_sums: dict | None = No
     else:
         bounds = layout.key_bounds.astype(np.int64)
     n_leaves = int(bounds[-1])   # vals may hold no column (all summed, see part_blocks)
-    empty = Block(keys.slice(0, 0), np.zeros(1, np.int64),
-                  None if vals is None else vals.slice(0, 0), np.zeros(0, np.int64))
     if counts is not None:   # one time, each leaf one update of the count given
         if at is not None and int(layout.times[0]) > at:
-            return empty
+            return _empty_block(keys, vals)
         return Block(keys, bounds, vals, counts, weighted_sums=key_sums or None)
     if len(layout.times) == 1:
         # one stored (time, diff): every leaf is one update of it
         visible = at is None or int(layout.times[0]) <= at
         counts = constant(int(layout.diffs[0]) if visible else 0, n_leaves, np.int64)
         if not visible or counts[0] == 0:
-            return empty
+            return _empty_block(keys, vals)
         return Block(keys, bounds, vals, counts, key_sums=key_sums or None)
     leaves = layout.val_bounds if vals is not None else layout.key_bounds
     idx, per_leaf = leaf_update_index(leaves)

@@ -14,7 +14,7 @@ import pyarrow as pa
 from arrangedb.codecs import (CodecError, decode, decode_dictionary, decodes_fresh, encoded_length,
                               segment_sums, take, take_dictionary, zstd_blocks)
 from arrangedb.codecs.base import lookup
-from arrangedb.spine.data.layout import PartLayout
+from arrangedb.spine.data.layout import PartLayout, leaf_update_index
 from arrangedb.spine.data.updates import Updates, all_equal
 from arrangedb.spine.storage.dictionaries import as_dictionary, dictionary_schema
 from arrangedb.spine.storage.part import FIELDS, Part, expand
@@ -144,8 +144,8 @@ class PagedPart(Part):
             cols = self._stored_updates()
             # under one stored (time, diff) the leaf bounds say nothing: not even decoded
             singleton = len(cols["times"]) == 1
-            one_time = (not singleton and bool(sums) and val_schema is not None
-                        and len(cols["times"]) > 1 and all_equal(cols["times"]))
+            one_time = (bool(sums) and val_schema is not None and len(cols["times"]) > 1
+                        and all_equal(cols["times"]))
             if one_time:   # leaf counts straight from the bounds' runs, when stored so
                 counts = _run_counts(self.columns["val_bounds"][0], cols["diffs"])
             keyed = not singleton or val_schema is not None
@@ -196,12 +196,16 @@ class PagedPart(Part):
         """Per-key sums of the ``sums`` columns whose encoding can sum its runs."""
         starts = key_bounds[:-1].astype(np.int64)
         out = {}
-        for f, group in zip(self.schemas[1].names, self.columns["vals"]):
-            if f in sums:
-                got = column_segment_sums(self.pagefile, group, starts)
-                if got is not None:
-                    out[f] = got
+        for f, group in self._val_groups(sums):
+            got = column_segment_sums(self.pagefile, group, starts)
+            if got is not None:
+                out[f] = got
         return out
+
+    def _val_groups(self, names) -> list[tuple[str, dict]]:
+        """(name, encoded group) of the val columns among ``names``."""
+        return [(f, g) for f, g in zip(self.schemas[1].names, self.columns["vals"])
+                if f in names]
 
     def _weighted_sums(self, sums: frozenset, key_bounds: np.ndarray, counts: np.ndarray
                        ) -> dict[str, np.ndarray]:
@@ -217,22 +221,18 @@ class PagedPart(Part):
         odd = np.flatnonzero(counts != unit)
         if len(odd) > len(counts) // 8:
             return {}
-        starts = key_bounds[:-1].astype(np.int64)
-        odd_key = np.searchsorted(starts, odd, side="right") - 1
-        out = {}
-        for f, group in zip(self.schemas[1].names, self.columns["vals"]):
-            if f not in sums or pa.types.is_decimal(self.schemas[1].field(f).type):
-                continue
-            got = column_segment_sums(self.pagefile, group, starts)
-            if got is None:
-                continue
+        odd_key = np.searchsorted(key_bounds.astype(np.int64), odd, side="right") - 1
+        groups = dict(self._val_groups(sums))
+        summable = frozenset(f for f in groups
+                             if not pa.types.is_decimal(self.schemas[1].field(f).type))
+        out = self._key_sums(summable, key_bounds)
+        for f, got in out.items():
             if unit != 1:
-                got = got * unit
+                got *= unit
             if len(odd):   # in the sums' type: unsigned values wrap into int64 as summed
-                values = np.asarray(take_column(self.pagefile, group, odd)).astype(
+                values = np.asarray(take_column(self.pagefile, groups[f], odd)).astype(
                     got.dtype, copy=False)
                 np.add.at(got, odd_key, values * (counts[odd] - unit))
-            out[f] = got
         return out
 
     def layout(self) -> PartLayout:
@@ -341,10 +341,12 @@ def _run_counts(group: dict, diffs: np.ndarray) -> np.ndarray | None:
 
 def _leaf_counts(val_bounds: np.ndarray, diffs: np.ndarray) -> np.ndarray | None:
     """As :func:`_run_counts`, from decoded leaf bounds."""
-    b = val_bounds.astype(np.int64)
-    if len(b) < 2 or b[0] != 0 or b[1] != 1 or (np.diff(b) > 1).any():
+    if len(val_bounds) < 2 or val_bounds[0] != 0 or val_bounds[1] != 1:
         return None
-    return diffs[b[1:] - 1].astype(np.int64)   # each leaf's update: the last stored at its end
+    idx, per_leaf = leaf_update_index(val_bounds)
+    if (per_leaf > 1).any():
+        return None
+    return (diffs if idx is None else diffs[idx]).astype(np.int64)
 
 
 def _table(columns: list | None, schema: pa.Schema) -> pa.Table:
