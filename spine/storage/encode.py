@@ -12,6 +12,8 @@ Invariants
   bytes, as for stride-encoded offsets), so the directory always records its codec.
 - The bounds lists use the ``offsets`` codec: u32 while they fit, u64 beyond, stride and
   singleton runs in O(1).
+- A part of several vals per key at one time also stores each key's sums of its numeric
+  vals (:mod:`.keysums`), beside its columns.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.codecs import choose_codec, encode
+from arrangedb.codecs import Encoded, choose_codec, encode, segment_sums
 from arrangedb.spine.data.layout import PartLayout
+from arrangedb.spine.data.updates import all_equal
+from arrangedb.spine.storage.keysums import KEY_SUMS_FROM, leaf_counts, usual_count, weigh
 from arrangedb.spine.storage.paged import PagedPart
 from arrangedb.spine.storage.part import boundary_key, payload_bytes
 
@@ -28,7 +32,7 @@ _NUMERIC_CODEC = {"key_bounds": "offsets", "val_bounds": "offsets"}
 
 
 def _encode_group(writer, prefix: str, values, codec: str,
-                  choices: dict | None = None) -> tuple[dict, int]:
+                  choices: dict | None = None) -> tuple[dict, int, Encoded]:
     if codec == "auto" and choices is not None:
         # one choice per column and builder: parts of one batch look alike, and choosing
         # (sampling, counting distinct values) costs as much as encoding a small part
@@ -55,13 +59,48 @@ def _encode_group(writer, prefix: str, values, codec: str,
         stored += memoryview(buf).nbytes
     group = {"regions": names, "codec": enc.codec, "version": enc.version, "meta": enc.meta,
              "nbuffers": len(enc.buffers)}
-    return group, stored
+    return group, stored, enc
+
+
+def _stores_key_sums(layout: PartLayout) -> bool:
+    return (layout.vals is not None and all_equal(layout.times)
+            and layout.keys.num_rows * KEY_SUMS_FROM <= int(layout.key_bounds[-1]))
+
+
+def _numeric(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
+
+
+def _key_sums(layout: PartLayout, encoded: dict[str, tuple[pa.Array, Encoded]]
+              ) -> dict[str, np.ndarray]:
+    """Each key's sum of the ``encoded`` val columns whose codec sums on its encoding: of
+    value x count when the part's rows count differently (:mod:`.keysums`)."""
+    counts = None
+    if len(layout.times) > 1:   # one time, several counts
+        counts = leaf_counts(layout.val_bounds, layout.diffs)
+        usual = None if counts is None else usual_count(counts)
+        if usual is None:
+            return {}
+        encoded = {f: e for f, e in encoded.items() if not pa.types.is_decimal(e[0].type)}
+    starts = np.asarray(layout.key_bounds[:-1], np.int64)
+    out = {}
+    for name, (_, enc) in encoded.items():
+        buffers = [np.frombuffer(memoryview(b), np.uint8) for b in enc.buffers]
+        got = segment_sums(enc.codec, enc.version, enc.meta, buffers, starts)
+        if got is not None:
+            out[name] = got
+    if counts is None:
+        return out
+    return weigh(out, layout.key_bounds, counts, *usual,
+                 lambda f, rows: encoded[f][0].take(pa.array(rows)).to_numpy())
 
 
 def write_part(writer, index: int, layout: PartLayout, codec: str, schemas,
                choices: dict | None = None) -> PagedPart:
     """Encode ``layout`` into regions ``p<index>/...`` of ``writer``; return the part."""
     columns, stored = {}, 0
+    summed = _stores_key_sums(layout)
+    encoded_vals = {}
     for fname in ("keys", "vals"):
         table = getattr(layout, fname)
         if table is None:
@@ -69,16 +108,30 @@ def write_part(writer, index: int, layout: PartLayout, codec: str, schemas,
         groups = []
         for col_name, col in zip(table.column_names, table.columns):
             arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-            g, s = _encode_group(writer, f"p{index}/{fname}/{col_name}", arr, codec, choices)
+            g, s, enc = _encode_group(writer, f"p{index}/{fname}/{col_name}", arr, codec,
+                                      choices)
             groups.append(g)
             stored += s
+            if summed and fname == "vals" and _numeric(arr.type):
+                encoded_vals[col_name] = (arr, enc)
         columns[fname] = groups
+    if encoded_vals:
+        groups = []
+        for col_name, sums in _key_sums(layout, encoded_vals).items():
+            g, s, _ = _encode_group(writer, f"p{index}/key_sums/{col_name}", sums, codec,
+                                    choices)
+            g["field"] = col_name
+            groups.append(g)
+            stored += s
+        if groups:
+            columns["key_sums"] = groups
     for fname in ("key_bounds", "val_bounds", "times", "diffs"):
         arr = getattr(layout, fname)
         if arr is None:
             continue
         c = _NUMERIC_CODEC.get(fname, codec)
-        g, s = _encode_group(writer, f"p{index}/{fname}", np.ascontiguousarray(arr), c, choices)
+        g, s, _ = _encode_group(writer, f"p{index}/{fname}", np.ascontiguousarray(arr), c,
+                                choices)
         columns[fname] = [g]
         stored += s
     n = layout.num_updates

@@ -14,9 +14,10 @@ import pyarrow as pa
 from arrangedb.codecs import (CodecError, decode, decode_dictionary, decodes_fresh, encoded_length,
                               segment_sums, take, take_dictionary, zstd_blocks)
 from arrangedb.codecs.base import lookup
-from arrangedb.spine.data.layout import PartLayout, leaf_update_index
+from arrangedb.spine.data.layout import PartLayout
 from arrangedb.spine.data.updates import Updates, all_equal
 from arrangedb.spine.storage.dictionaries import as_dictionary, dictionary_schema
+from arrangedb.spine.storage.keysums import leaf_counts, usual_count, weigh
 from arrangedb.spine.storage.part import FIELDS, Part, expand
 
 def decode_column(pagefile, group: dict, cache=None, dictionary: bool = False):
@@ -153,11 +154,11 @@ class PagedPart(Part):
                 (() if singleton or counts is not None else ("val_bounds",))
             cols.update((k, v) for k, v in self._decode(rest, None).items() if k in rest)
             if singleton and sums and val_schema is not None:
-                key_sums = self._key_sums(sums, cols["key_bounds"])
+                key_sums = self._key_sums(sums, cols["key_bounds"], stored=True)
                 names = [f for f in names if f not in key_sums]
             elif one_time:
                 if counts is None:
-                    counts = _leaf_counts(cols["val_bounds"], cols["diffs"])
+                    counts = leaf_counts(cols["val_bounds"], cols["diffs"])
                 if counts is not None and len(counts) != int(cols["key_bounds"][-1]):
                     raise CodecError(f"corrupt part in {self.pagefile.path}: its leaf bounds "
                                      f"count {len(counts)} vals, its key bounds "
@@ -192,14 +193,28 @@ class PagedPart(Part):
             self.release()
         return int(diffs.min()) if len(diffs) else 1
 
-    def _key_sums(self, sums: frozenset, key_bounds: np.ndarray) -> dict[str, np.ndarray]:
-        """Per-key sums of the ``sums`` columns whose encoding can sum its runs."""
+    def _key_sums(self, sums: frozenset, key_bounds: np.ndarray, stored: bool = False
+                  ) -> dict[str, np.ndarray]:
+        """Per-key sums of the ``sums`` columns whose encoding can sum its runs.
+        ``stored``: those the part stores (:mod:`.keysums`) are read, not summed."""
+        out = self._stored_sums(sums, len(key_bounds) - 1) if stored else {}
         starts = key_bounds[:-1].astype(np.int64)
-        out = {}
-        for f, group in self._val_groups(sums):
+        for f, group in self._val_groups(sums - out.keys()):
             got = column_segment_sums(self.pagefile, group, starts)
             if got is not None:
                 out[f] = got
+        return out
+
+    def _stored_sums(self, sums: frozenset, num_keys: int) -> dict[str, np.ndarray]:
+        """The key sums the part stores of the ``sums`` columns."""
+        out = {}
+        for group in self.columns.get("key_sums", ()):
+            f = group["field"]
+            if f in sums:
+                out[f] = got = decode_column(self.pagefile, group)
+                if len(got) != num_keys:
+                    raise CodecError(f"corrupt part in {self.pagefile.path}: {len(got)} key "
+                                     f"sums of {f!r} for {num_keys} keys")
         return out
 
     def _val_groups(self, names) -> list[tuple[str, dict]]:
@@ -210,30 +225,20 @@ class PagedPart(Part):
     def _weighted_sums(self, sums: frozenset, key_bounds: np.ndarray, counts: np.ndarray
                        ) -> dict[str, np.ndarray]:
         """Per-key sums of value x count of the ``sums`` columns, in a part whose rows
-        share one time but not one count (a consolidated join output: a few rows counted
-        twice). Summed on the encoding as if every row counted the usual count, then
-        corrected at the few rows that count otherwise, taken from the encoding; {} when
-        those are not few. Decimal columns are left out: their sums stay exact as limbs
-        of unweighted sums."""
-        sample = counts[:: max(1, len(counts) // 64)]
-        distinct, seen = np.unique(sample, return_counts=True)
-        unit = int(distinct[np.argmax(seen)])   # the usual count, whatever the first row's
-        odd = np.flatnonzero(counts != unit)
-        if len(odd) > len(counts) // 8:
-            return {}
-        odd_key = np.searchsorted(key_bounds.astype(np.int64), odd, side="right") - 1
+        share one time but not one count (:mod:`.keysums`): stored, or summed on the
+        encoding and weighed; {} when the rows counted otherwise are not few. Decimal
+        columns are left out: their sums stay exact as limbs of unweighted sums."""
         groups = dict(self._val_groups(sums))
         summable = frozenset(f for f in groups
                              if not pa.types.is_decimal(self.schemas[1].field(f).type))
-        out = self._key_sums(summable, key_bounds)
-        for f, got in out.items():
-            if unit != 1:
-                got *= unit
-            if len(odd):   # in the sums' type: unsigned values wrap into int64 as summed
-                values = np.asarray(take_column(self.pagefile, groups[f], odd)).astype(
-                    got.dtype, copy=False)
-                np.add.at(got, odd_key, values * (counts[odd] - unit))
-        return out
+        stored = self._stored_sums(summable, len(key_bounds) - 1)
+        if stored.keys() == summable:
+            return stored
+        usual = usual_count(counts)
+        if usual is None:
+            return {}
+        return weigh(self._key_sums(summable, key_bounds), key_bounds, counts, *usual,
+                     lambda f, rows: take_column(self.pagefile, groups[f], rows))
 
     def layout(self) -> PartLayout:
         # a scan reads each block once: through the cache it would only evict the blocks
@@ -337,16 +342,6 @@ def _run_counts(group: dict, diffs: np.ndarray) -> np.ndarray | None:
             out[leaf:leaf + length] = diffs[stored - 1]
         leaf += length
     return out if stored == len(diffs) else None
-
-
-def _leaf_counts(val_bounds: np.ndarray, diffs: np.ndarray) -> np.ndarray | None:
-    """As :func:`_run_counts`, from decoded leaf bounds."""
-    if len(val_bounds) < 2 or val_bounds[0] != 0 or val_bounds[1] != 1:
-        return None
-    idx, per_leaf = leaf_update_index(val_bounds)
-    if (per_leaf > 1).any():
-        return None
-    return (diffs if idx is None else diffs[idx]).astype(np.int64)
 
 
 def _table(columns: list | None, schema: pa.Schema) -> pa.Table:

@@ -102,3 +102,34 @@ def test_damaged_part_bytes_are_named_not_decoded(spill):
             part.read()
     finally:
         damaged.close()
+
+
+def test_a_part_of_several_vals_per_key_stores_its_key_sums(spill, monkeypatch):
+    """Under one (time, diff), with keys of several vals, a part keeps each key's sum of
+    its numeric vals as written, and a grouped sum reads them instead of summing; a
+    part of one val per key keeps none (they would repeat the column), and sums whose
+    length is not the part's key count are named corrupt."""
+    from arrangedb.codecs import CodecError
+    from arrangedb.spine.storage import paged
+
+    rng = np.random.default_rng(9)
+    keys = np.repeat(np.arange(0, 4_000, 2), 4)
+    xs = np.round(rng.integers(-10**6, 10**6, keys.size) / 100, 2)
+    _, part, pf = _part(spill, keys, ["a"] * keys.size, xs)
+    _, unique, pf2 = _part(spill, np.arange(500), ["b"] * 500, np.arange(500) / 4)
+    try:
+        assert [g["field"] for g in part.columns["key_sums"]] == ["x"]   # no string sums
+        assert "key_sums" not in unique.columns
+        monkeypatch.setattr(paged, "column_segment_sums", lambda *a: pytest.fail("summed"))
+        layout, sums, counts = part.summed_layout(sums=frozenset({"x"}),
+                                                  columns=frozenset())
+        assert counts is None and layout.keys.num_rows == 2_000
+        want = np.add.reduceat(np.rint(xs * 100).astype(np.int64), np.arange(0, keys.size, 4))
+        np.testing.assert_allclose(sums["x"], want / 100, rtol=1e-12, atol=1e-9)
+        # a directory naming another column's regions as the sums: 2,001 key bounds
+        part.columns["key_sums"] = [{**part.columns["key_bounds"][0], "field": "x"}]
+        with pytest.raises(CodecError, match="2001 key sums of 'x' for 2000 keys"):
+            part.summed_layout(sums=frozenset({"x"}), columns=frozenset())
+    finally:
+        pf.close()
+        pf2.close()
