@@ -62,45 +62,49 @@ def _encode_group(writer, prefix: str, values, codec: str,
     return group, stored, enc
 
 
-def _stores_key_sums(layout: PartLayout) -> bool:
-    return (layout.vals is not None and all_equal(layout.times)
-            and layout.keys.num_rows * KEY_SUMS_FROM <= int(layout.key_bounds[-1]))
+class _KeySums:
+    """The key sums a part being written stores (:mod:`.keysums`): plain under one
+    stored (time, diff), weighed by the leaf counts under one time."""
 
+    def __init__(self, layout: PartLayout, weights: tuple | None):
+        self.key_bounds = layout.key_bounds
+        self.starts = np.asarray(layout.key_bounds[:-1], np.int64)
+        self.weights = weights   # None, or (leaf counts, the usual count, the odd leaves)
 
-def _numeric(t: pa.DataType) -> bool:
-    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
-
-
-def _key_sums(layout: PartLayout, encoded: dict[str, tuple[pa.Array, Encoded]]
-              ) -> dict[str, np.ndarray]:
-    """Each key's sum of the ``encoded`` val columns whose codec sums on its encoding: of
-    value x count when the part's rows count differently (:mod:`.keysums`)."""
-    counts = None
-    if len(layout.times) > 1:   # one time, several counts
+    @classmethod
+    def of(cls, layout: PartLayout) -> "_KeySums | None":
+        """None when the part stores none."""
+        if layout.vals is None or not all_equal(layout.times) \
+                or layout.keys.num_rows * KEY_SUMS_FROM > int(layout.key_bounds[-1]):
+            return None
+        if len(layout.times) == 1:
+            return cls(layout, None)
         counts = leaf_counts(layout.val_bounds, layout.diffs)
         usual = None if counts is None else usual_count(counts)
-        if usual is None:
-            return {}
-        encoded = {f: e for f, e in encoded.items() if not pa.types.is_decimal(e[0].type)}
-    starts = np.asarray(layout.key_bounds[:-1], np.int64)
-    out = {}
-    for name, (_, enc) in encoded.items():
+        return None if usual is None else cls(layout, (counts, *usual))
+
+    def of_column(self, values: pa.Array, enc: Encoded) -> np.ndarray | None:
+        """The key sums of one val column as encoded; None when its codec cannot sum
+        (or a decimal column under several counts: its sums stay exact as limbs)."""
+        t = values.type
+        if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)):
+            return None
+        if self.weights is not None and pa.types.is_decimal(t):
+            return None
         buffers = [np.frombuffer(memoryview(b), np.uint8) for b in enc.buffers]
-        got = segment_sums(enc.codec, enc.version, enc.meta, buffers, starts)
-        if got is not None:
-            out[name] = got
-    if counts is None:
-        return out
-    return weigh(out, layout.key_bounds, counts, *usual,
-                 lambda f, rows: encoded[f][0].take(pa.array(rows)).to_numpy())
+        got = segment_sums(enc.codec, enc.version, enc.meta, buffers, self.starts)
+        if got is None or self.weights is None:
+            return got
+        counts, unit, odd = self.weights
+        return weigh({"": got}, self.key_bounds, counts, unit, odd,
+                     lambda _, rows: values.take(pa.array(rows)).to_numpy())[""]
 
 
 def write_part(writer, index: int, layout: PartLayout, codec: str, schemas,
                choices: dict | None = None) -> PagedPart:
     """Encode ``layout`` into regions ``p<index>/...`` of ``writer``; return the part."""
     columns, stored = {}, 0
-    summed = _stores_key_sums(layout)
-    encoded_vals = {}
+    key_sums = _KeySums.of(layout)
     for fname in ("keys", "vals"):
         table = getattr(layout, fname)
         if table is None:
@@ -112,19 +116,14 @@ def write_part(writer, index: int, layout: PartLayout, codec: str, schemas,
                                       choices)
             groups.append(g)
             stored += s
-            if summed and fname == "vals" and _numeric(arr.type):
-                encoded_vals[col_name] = (arr, enc)
+            sums = key_sums.of_column(arr, enc) if key_sums and fname == "vals" else None
+            if sums is not None:   # written now: the column's encoding is not kept
+                g, s, _ = _encode_group(writer, f"p{index}/key_sums/{col_name}", sums,
+                                        codec, choices)
+                g["field"] = col_name
+                columns.setdefault("key_sums", []).append(g)
+                stored += s
         columns[fname] = groups
-    if encoded_vals:
-        groups = []
-        for col_name, sums in _key_sums(layout, encoded_vals).items():
-            g, s, _ = _encode_group(writer, f"p{index}/key_sums/{col_name}", sums, codec,
-                                    choices)
-            g["field"] = col_name
-            groups.append(g)
-            stored += s
-        if groups:
-            columns["key_sums"] = groups
     for fname in ("key_bounds", "val_bounds", "times", "diffs"):
         arr = getattr(layout, fname)
         if arr is None:

@@ -2,9 +2,11 @@
 
 A part whose updates share one time sums its vals per key on their encoding
 (``codecs.segment_sums``) instead of decoding them. Under one stored (time, diff) every
-val counts once, and the sums are plain. When a few vals count otherwise (a consolidated
+val counts alike, and the sums are plain (each key's values, which the reader weighs by
+that one diff). When a few vals count otherwise (a consolidated
 join output counts some rows twice), the plain sums are weighed by the usual count and
-corrected at the few odd rows, taken from the encoding: sums of value x count.
+corrected at the few odd rows (taken from the encoding as a part is read, from the
+column as it is written): sums of value x count.
 
 A part whose keys hold ``KEY_SUMS_FROM`` vals or more on average stores these sums as it
 is written (``p<index>/key_sums/<column>``, see :mod:`.encode`), and a read takes them

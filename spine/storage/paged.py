@@ -226,19 +226,18 @@ class PagedPart(Part):
                        ) -> dict[str, np.ndarray]:
         """Per-key sums of value x count of the ``sums`` columns, in a part whose rows
         share one time but not one count (:mod:`.keysums`): stored, or summed on the
-        encoding and weighed; {} when the rows counted otherwise are not few. Decimal
+        encoding and weighed; none when the rows counted otherwise are not few. Decimal
         columns are left out: their sums stay exact as limbs of unweighted sums."""
         groups = dict(self._val_groups(sums))
         summable = frozenset(f for f in groups
                              if not pa.types.is_decimal(self.schemas[1].field(f).type))
         stored = self._stored_sums(summable, len(key_bounds) - 1)
-        if stored.keys() == summable:
-            return stored
-        usual = usual_count(counts)
+        rest = summable - stored.keys()
+        usual = usual_count(counts) if rest else None
         if usual is None:
-            return {}
-        return weigh(self._key_sums(summable, key_bounds), key_bounds, counts, *usual,
-                     lambda f, rows: take_column(self.pagefile, groups[f], rows))
+            return stored
+        return {**stored, **weigh(self._key_sums(rest, key_bounds), key_bounds, counts, *usual,
+                                  lambda f, rows: take_column(self.pagefile, groups[f], rows))}
 
     def layout(self) -> PartLayout:
         # a scan reads each block once: through the cache it would only evict the blocks

@@ -133,3 +133,52 @@ def test_a_part_of_several_vals_per_key_stores_its_key_sums(spill, monkeypatch):
     finally:
         pf.close()
         pf2.close()
+
+
+INTS = pa.schema([("i", pa.int64()), ("u", pa.uint64())])
+
+
+@pytest.mark.parametrize("counts", ["all 3", "a few odd"])
+def test_stored_key_sums_of_integers_under_one_time(spill, monkeypatch, counts):
+    """Integer key sums as stored and read back: under one stored (time, diff) the plain
+    sums (the reader weighs them by the diff), under one time with a few leaves counted
+    otherwise the sums of value x count -- both wrapping modulo 2**64 as summing the
+    values would, never summed or taken again as they are read."""
+    from arrangedb.spine.storage import paged
+
+    s, budget = spill
+    rng = np.random.default_rng(11)
+    n = 6_000
+    keys = np.repeat(np.arange(n // 4, dtype=np.int64), 4)
+    # random, sorted within each key (a column sorted throughout is stored as deltas,
+    # which decode instead of summing)
+    i = np.sort(rng.integers(-10**6, 10**6, (n // 4, 4)), axis=1).ravel()
+    u = np.uint64(2**63 - 2**20) + np.sort(rng.integers(0, 2**20, (n // 4, 4)), axis=1
+                                           ).ravel().astype(np.uint64)   # sums wrap
+    if counts == "all 3":
+        diffs = np.full(n, 3, np.int64)
+    else:
+        diffs = np.ones(n, np.int64)
+        diffs[rng.choice(n, n // 20, replace=False)] = 2
+        diffs[rng.choice(n, n // 50, replace=False)] = -1
+    upd = Updates(pa.table({"k": keys}), pa.table({"i": i, "u": u}),
+                  np.zeros(n, np.uint64), diffs)
+    w = PageWriter(s)
+    part = write_part(w, 0, to_layout(upd), "auto", (KEYS, INTS), {})
+    pf = w.finish(budget=budget)
+    part.pagefile = pf
+    try:
+        assert sorted(g["field"] for g in part.columns["key_sums"]) == ["i", "u"]
+        monkeypatch.setattr(paged, "column_segment_sums", lambda *a: pytest.fail("summed"))
+        monkeypatch.setattr(paged, "take_column", lambda *a: pytest.fail("taken"))
+        _, sums, got_counts = part.summed_layout(sums=frozenset({"i", "u"}),
+                                                 columns=frozenset())
+        weights = np.ones(n, np.int64) if counts == "all 3" else diffs
+        assert (got_counts is None) == (counts == "all 3")
+        for name, values in (("i", i), ("u", u)):
+            want = [sum(int(v) * int(d) for v, d in zip(values[k:k + 4], weights[k:k + 4]))
+                    for k in range(0, n, 4)]
+            want = np.array([x % 2**64 for x in want], np.uint64).view(np.int64)
+            assert sums[name].tolist() == want.tolist()
+    finally:
+        pf.close()
