@@ -24,7 +24,8 @@ import pyarrow as pa
 from arrangedb.codecs import Encoded, choose_codec, encode, segment_sums
 from arrangedb.spine.data.layout import PartLayout
 from arrangedb.spine.data.updates import all_equal
-from arrangedb.spine.storage.keysums import KEY_SUMS_FROM, leaf_counts, usual_count, weigh
+from arrangedb.spine.storage.keysums import (KEY_SUMS_FROM, leaf_counts, usual_count,
+                                              weigh, weighable)
 from arrangedb.spine.storage.paged import PagedPart
 from arrangedb.spine.storage.part import boundary_key, payload_bytes
 
@@ -89,15 +90,15 @@ class _KeySums:
         t = values.type
         if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)):
             return None
-        if self.weights is not None and pa.types.is_decimal(t):
+        if self.weights is not None and not weighable(t):
             return None
         buffers = [np.frombuffer(memoryview(b), np.uint8) for b in enc.buffers]
         got = segment_sums(enc.codec, enc.version, enc.meta, buffers, self.starts)
         if got is None or self.weights is None:
             return got
         counts, unit, odd = self.weights
-        return weigh({"": got}, self.key_bounds, counts, unit, odd,
-                     lambda _, rows: values.take(pa.array(rows)).to_numpy())[""]
+        return weigh(got, self.key_bounds, counts, unit, odd,
+                     lambda rows: values.take(pa.array(rows)).to_numpy())
 
 
 def write_part(writer, index: int, layout: PartLayout, codec: str, schemas,

@@ -3,10 +3,10 @@
 A part whose updates share one time sums its vals per key on their encoding
 (``codecs.segment_sums``) instead of decoding them. Under one stored (time, diff) every
 val counts alike, and the sums are plain (each key's values, which the reader weighs by
-that one diff). When a few vals count otherwise (a consolidated
-join output counts some rows twice), the plain sums are weighed by the usual count and
-corrected at the few odd rows (taken from the encoding as a part is read, from the
-column as it is written): sums of value x count.
+that one diff). When a few vals count otherwise (a consolidated join output counts some
+rows twice), the plain sums are weighed by the usual count and corrected at the few odd
+rows (taken from the encoding as a part is read, from the column as it is written):
+sums of value x count.
 
 A part whose keys hold ``KEY_SUMS_FROM`` vals or more on average stores these sums as it
 is written (``p<index>/key_sums/<column>``, see :mod:`.encode`), and a read takes them
@@ -18,6 +18,7 @@ key, where they would repeat the column, store none.
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 
 from arrangedb.spine.data.layout import leaf_update_index
 
@@ -45,16 +46,21 @@ def usual_count(counts: np.ndarray) -> tuple[int, np.ndarray] | None:
     return None if len(odd) > len(counts) // 8 else (unit, odd)
 
 
-def weigh(sums: dict[str, np.ndarray], key_bounds: np.ndarray, counts: np.ndarray,
-          unit: int, odd: np.ndarray, values_at) -> dict[str, np.ndarray]:
+def weighable(t: pa.DataType) -> bool:
+    """Whether a column's sums are weighed by the counts when a few rows count otherwise:
+    not a decimal's, whose sums stay exact as limbs of its unweighted sums."""
+    return not pa.types.is_decimal(t)
+
+
+def weigh(sums: np.ndarray, key_bounds: np.ndarray, counts: np.ndarray, unit: int,
+          odd: np.ndarray, values_at) -> np.ndarray:
     """Plain per-key ``sums`` (each val once) made sums of value x count, in place: times
-    the usual count ``unit``, plus each ``odd`` leaf's value (``values_at(column,
-    rows)``) times the rest of its count."""
-    odd_key = np.searchsorted(key_bounds.astype(np.int64), odd, side="right") - 1
-    for f, got in sums.items():
-        if unit != 1:
-            got *= unit
-        if len(odd):   # in the sums' type: unsigned values wrap into int64 as summed
-            values = np.asarray(values_at(f, odd)).astype(got.dtype, copy=False)
-            np.add.at(got, odd_key, values * (counts[odd] - unit))
+    the usual count ``unit``, plus each ``odd`` leaf's value (``values_at(rows)``) times
+    the rest of its count."""
+    if unit != 1:
+        sums *= unit
+    if len(odd):   # in the sums' type: unsigned values wrap into int64 as summed
+        odd_key = np.searchsorted(key_bounds.astype(np.int64), odd, side="right") - 1
+        values = np.asarray(values_at(odd)).astype(sums.dtype, copy=False)
+        np.add.at(sums, odd_key, values * (counts[odd] - unit))
     return sums

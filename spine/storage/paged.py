@@ -17,7 +17,7 @@ from arrangedb.codecs.base import lookup
 from arrangedb.spine.data.layout import PartLayout
 from arrangedb.spine.data.updates import Updates, all_equal
 from arrangedb.spine.storage.dictionaries import as_dictionary, dictionary_schema
-from arrangedb.spine.storage.keysums import leaf_counts, usual_count, weigh
+from arrangedb.spine.storage.keysums import leaf_counts, usual_count, weigh, weighable
 from arrangedb.spine.storage.part import FIELDS, Part, expand
 
 def decode_column(pagefile, group: dict, cache=None, dictionary: bool = False):
@@ -154,7 +154,8 @@ class PagedPart(Part):
                 (() if singleton or counts is not None else ("val_bounds",))
             cols.update((k, v) for k, v in self._decode(rest, None).items() if k in rest)
             if singleton and sums and val_schema is not None:
-                key_sums = self._key_sums(sums, cols["key_bounds"], stored=True)
+                key_sums = self._stored_sums(sums, len(cols["key_bounds"]) - 1)
+                key_sums.update(self._key_sums(sums - key_sums.keys(), cols["key_bounds"]))
                 names = [f for f in names if f not in key_sums]
             elif one_time:
                 if counts is None:
@@ -193,13 +194,12 @@ class PagedPart(Part):
             self.release()
         return int(diffs.min()) if len(diffs) else 1
 
-    def _key_sums(self, sums: frozenset, key_bounds: np.ndarray, stored: bool = False
-                  ) -> dict[str, np.ndarray]:
-        """Per-key sums of the ``sums`` columns whose encoding can sum its runs.
-        ``stored``: those the part stores (:mod:`.keysums`) are read, not summed."""
-        out = self._stored_sums(sums, len(key_bounds) - 1) if stored else {}
+    def _key_sums(self, sums: frozenset, key_bounds: np.ndarray) -> dict[str, np.ndarray]:
+        """Per-key sums of the ``sums`` columns whose encoding can sum its runs, summed
+        on the encoding."""
+        out = {}
         starts = key_bounds[:-1].astype(np.int64)
-        for f, group in self._val_groups(sums - out.keys()):
+        for f, group in self._val_groups(sums):
             got = column_segment_sums(self.pagefile, group, starts)
             if got is not None:
                 out[f] = got
@@ -229,15 +229,16 @@ class PagedPart(Part):
         encoding and weighed; none when the rows counted otherwise are not few. Decimal
         columns are left out: their sums stay exact as limbs of unweighted sums."""
         groups = dict(self._val_groups(sums))
-        summable = frozenset(f for f in groups
-                             if not pa.types.is_decimal(self.schemas[1].field(f).type))
-        stored = self._stored_sums(summable, len(key_bounds) - 1)
-        rest = summable - stored.keys()
+        summable = frozenset(f for f in groups if weighable(self.schemas[1].field(f).type))
+        out = self._stored_sums(summable, len(key_bounds) - 1)
+        rest = summable - out.keys()
         usual = usual_count(counts) if rest else None
         if usual is None:
-            return stored
-        return {**stored, **weigh(self._key_sums(rest, key_bounds), key_bounds, counts, *usual,
-                                  lambda f, rows: take_column(self.pagefile, groups[f], rows))}
+            return out
+        for f, got in self._key_sums(rest, key_bounds).items():
+            out[f] = weigh(got, key_bounds, counts, *usual,
+                           lambda rows, g=groups[f]: take_column(self.pagefile, g, rows))
+        return out
 
     def layout(self) -> PartLayout:
         # a scan reads each block once: through the cache it would only evict the blocks
