@@ -31,17 +31,18 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.ops.aggregate import (LIMB_SEP, carried, check_aggs, decimal_limbs, int_limbs,
-                                     numeric_values, weigh_limbs)
+from arrangedb.ops.aggregate import LIMB_SEP, carried, check_aggs, weigh_limbs
 from arrangedb.ops.common import DEFAULT_BATCH_ROWS, check_batch_rows, check_time
 from arrangedb.ops.group_by import group_by
 from arrangedb.ops.partials import (Partials, bincount_groups, partial_names, plain_schema,
                                     unified)
 from arrangedb.ops.join import (HOWS, check_traces, dictionary_readable, join,
                                 output_schema, prefixed_names)
-from arrangedb.ops.match import match_keys
-from arrangedb.spine import (Block, batch_part_blocks, count_through, is_constant,
-                              part_blocks, ranges, roles)
+from arrangedb.ops.code_totals import CodeTotals
+from arrangedb.ops.key_partials import KeyPartials
+from arrangedb.ops.match import match_codes, match_keys
+from arrangedb.spine import (Block, absolute_codes, batch_part_blocks, count_through,
+                              is_absolute, is_constant, part_blocks, ranges, roles)
 
 LINEAR = ("count", "sum", "mean")
 
@@ -90,97 +91,11 @@ def _updates(trace) -> int:
     return sum(len(b) for b in trace.batches())
 
 
-class _KeyPartials:
-    """Per key of an A block, the sums each partial needs: ``n`` (count-weighted rows,
-    or valid values), ``s`` (count-weighted values) and ``v`` (valid rows, unweighted:
-    a sum over no non-null value is null). A decimal column's ``s`` comes as the limbs of
-    its exact sums (``s#0``, ``s#1``...: see :mod:`arrangedb.ops.aggregate`)."""
-
-    def __init__(self, aggs: dict, plan: dict, column_of: dict, decimal_sums=()):
-        self.aggs, self.plan, self.column_of = aggs, plan, column_of
-        self.decimal_sums = frozenset(decimal_sums)   # the partials of decimal sums
-        cols = [(fn, column_of[c]) for fn, c in aggs.values() if c is not None]
-        self.columns = frozenset(c for _, c in cols)   # the A columns read
-        self.sums = frozenset(c for fn, c in cols if fn != "count")   # only summed
-
-    def __call__(self, block: Block) -> dict[str, np.ndarray]:
-        bounds = block.key_bounds.astype(np.int64)
-        starts, rows = bounds[:-1], np.diff(bounds)
-        counts = block.counts
-        # Counts are mostly one value (each stored row once): sum the values per key and
-        # correct for the few rows counted otherwise, instead of weighing every row
-        unit = int(counts[0]) if len(counts) else 1
-        odd = None if is_constant(counts) else np.flatnonzero(counts != unit)
-        if odd is not None and len(odd) > len(counts) // 8:
-            odd, unit = None, None   # not few: weigh every row
-        odd_key = (None if odd is None or not len(odd)
-                   else np.searchsorted(bounds, odd, side="right") - 1)
-
-        def per_key(x: np.ndarray) -> np.ndarray:
-            return np.add.reduceat(x, starts) if len(starts) else x[:0]
-
-        def weighted(x: np.ndarray) -> np.ndarray:
-            if unit is None:
-                return per_key(x * counts)
-            total = per_key(x) if unit == 1 else per_key(x) * unit
-            if odd_key is not None:
-                np.add.at(total, odd_key, x[odd] * (counts[odd] - unit))
-            return total
-
-        if unit is None:
-            n_rows = per_key(counts.astype(np.int64))
-        elif unit == 1 and odd_key is None:
-            n_rows = rows   # the same array: partials equal by identity are grouped once
-        else:
-            n_rows = rows * unit
-            if odd_key is not None:
-                np.add.at(n_rows, odd_key, counts[odd] - unit)
-        summed = block.key_sums or {}
-        weighted_sums = block.weighted_sums or {}
-        out = {}
-        for name, (fn, col) in self.aggs.items():
-            if col is not None and self.column_of[col] in weighted_sums:
-                # summed on its encoding, weighted by the counts: no nulls, no decimal
-                s = weighted_sums[self.column_of[col]]
-                for pname, kind in self.plan[name]:
-                    out[pname] = n_rows if kind == "n" else rows if kind == "v" else s
-                continue
-            if col is not None and self.column_of[col] in summed:
-                # summed on its encoding: no nulls, every row counted ``unit`` times
-                s = summed[self.column_of[col]]
-                for pname, kind in self.plan[name]:
-                    if pname in self.decimal_sums:   # the unscaled integers' sums, exact
-                        limbs = int_limbs(s) if unit == 1 else weigh_limbs(int_limbs(s), unit)
-                        out.update((f"{pname}{LIMB_SEP}{i}", x) for i, x in enumerate(limbs))
-                        continue
-                    out[pname] = (n_rows if kind == "n" else rows if kind == "v"
-                                  else s if unit == 1 else s * unit)
-                continue
-            arr = None
-            if col is not None:
-                arr = block.vals.column(self.column_of[col])
-                arr = arr.chunk(0) if arr.num_chunks == 1 else arr.combine_chunks()
-            valid = (None if arr is None or arr.null_count == 0
-                     else arr.is_valid().to_numpy(zero_copy_only=False))
-            for pname, kind in self.plan[name]:
-                if kind == "n":
-                    out[pname] = n_rows if valid is None else weighted(valid.astype(np.int64))
-                elif kind == "v":
-                    out[pname] = rows if valid is None else per_key(valid.astype(np.int64))
-                elif pname in self.decimal_sums:   # exact: limbs of the unscaled integers
-                    ones = unit == 1 and odd_key is None
-                    out.update((f"{pname}{LIMB_SEP}{i}", per_key(x)) for i, x in
-                               enumerate(decimal_limbs(arr, None if ones else counts)))
-                else:   # "s": nulls were filled with 0
-                    out[pname] = weighted(numeric_values(arr))
-        return out
-
-
 GATHER_KEYS = 1 << 18   # A keys matched against a B block at once (~8 MiB of partials)
 
 
 def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: Partials,
-           key_partials: _KeyPartials, b_side: int) -> Iterator[pa.RecordBatch]:
+           key_partials: KeyPartials, b_side: int) -> Iterator[pa.RecordBatch]:
     """Walk B's blocks in key order; against each, the per-key partials of A's keys up
     to its last key, gathered across A's parts (a B block of a dimension spans many of a
     fact side's parts: one match and one grouping per block, not per A part).
@@ -205,7 +120,15 @@ def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: Partials,
                  for gen in a_gens]
     b_blocks = part_blocks(b_trace, at, dictionary, columns=frozenset(by_b))
 
+    coded = (by[0] if len(by) == 1 and by[0] in dictionary
+             and is_absolute([f.type for f in a_trace.key_schema]) else None)
+
     def emit(got: list, bb: Block) -> Iterator[pa.RecordBatch]:
+        grouped = _coded_groups(got, bb, coded) if coded is not None else None
+        if grouped is not None:
+            if grouped.num_rows:
+                yield partials.as_partials(grouped)
+            return
         keys = (got[0][0] if len(got) == 1
                 else pa.concat_tables([k for k, _ in got]).combine_chunks())
         sums = got[0][1] if len(got) == 1 else _concatenated([s for _, s in got])
@@ -249,6 +172,40 @@ def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: Partials,
         b_blocks.close()
         for gen in a_gens:
             gen.close()
+
+
+def _coded_groups(got: list, bb: Block, column: str) -> pa.Table | None:
+    """The partials of A's pieces ``got`` grouped on B's dictionary column ``column``,
+    when B's block is a dimension (one row per key, each counted once): each piece is
+    matched against the B keys of its own range and its groups' codes counted into
+    one :class:`CodeTotals`, so that no piece is concatenated with another, and keys
+    the two sides share in order (a foreign key's sums against its dimension) are
+    matched by one comparison. None when the block is not of that form."""
+    if len(bb) != bb.num_keys or not is_constant(bb.counts) or int(bb.counts[0]) != 1:
+        return None
+    col = bb.vals.column(column)
+    chunk = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+    if not pa.types.is_dictionary(chunk.type) or chunk.dictionary.null_count:
+        return None
+    names = bb.keys.column_names
+    bcodes = absolute_codes(bb.keys, names)
+    group_codes = (chunk.indices.fill_null(0) if chunk.null_count else chunk.indices
+                   ).to_numpy(zero_copy_only=False)
+    null = chunk.is_null().to_numpy(zero_copy_only=False) if chunk.null_count else None
+    totals = CodeTotals(chunk.dictionary)
+    for keys, sums in got:
+        kc = absolute_codes(keys.rename_columns(names), names)
+        lo = int(np.searchsorted(bcodes, kc[0], side="left"))
+        hi = int(np.searchsorted(bcodes, kc[-1], side="right"))
+        rc = bcodes[lo:hi]
+        if len(rc) == len(kc) and np.array_equal(kc, rc):   # the same keys
+            at, cols = slice(lo, hi), sums
+        else:
+            li, ri = match_codes(kc, rc)
+            at, cols = ri + lo, _per_array(sums, lambda x: x[li])
+        if not totals.add(group_codes[at], None if null is None else null[at], cols):
+            return None
+    return totals.table(column)
 
 
 def _cut(item: tuple, lo: int, hi: int) -> tuple:
@@ -393,6 +350,6 @@ def join_group_by(left, right, by, aggs: dict, at: int | None = None, how: str =
     stream = pa.RecordBatchReader.from_batches(
         roles.with_engine(partials.partial_schema(), left.ctx.engine_id),
         _fused(a_trace, b_trace, at, by, where, partials,
-               _KeyPartials(aggs, partials.plan, column_of, partials.decimal_sums), 1 - side))
+               KeyPartials(aggs, partials.plan, column_of, partials.decimal_sums), 1 - side))
     return group_by(stream, by, aggs, engine=engine, batch_rows=batch_rows, phase="final",
                     source_schema=schema)

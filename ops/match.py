@@ -19,6 +19,13 @@ def match_keys(lkeys: pa.Table, rkeys: pa.Table) -> tuple[np.ndarray, np.ndarray
     if len(lc) == len(rc) and np.array_equal(lc, rc):
         same = np.arange(len(lc), dtype=np.int64)   # both sides hold the same keys
         return same, same
+    return match_codes(lc, rc)
+
+
+def match_codes(lc: np.ndarray, rc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`match_keys` over two sorted arrays of distinct, comparable key codes."""
+    if len(lc) == 0 or len(rc) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
     if lc.dtype.kind in "iu":
         if int(rc[-1]) - int(rc[0]) == len(rc) - 1:   # right keys are every id of a range
             return _match_range(lc, rc)

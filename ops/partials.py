@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 from arrangedb.ops.aggregate import (LIMB_SEP, as_comparable, decimal_limbs, decimal_mean,
                                      fold_limbs, limbs_to_decimal, numeric_values,
                                      output_field, sum_type)
+from arrangedb.ops.code_totals import CodeTotals
 
 
 _COMBINE = {"n": "sum", "s": "sum", "v": "sum", "min": "min", "max": "max"}
@@ -171,25 +172,12 @@ class Partials:
         return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
 
 
-BINCOUNT_WINDOW = 1 << 16   # codes counted at once by bincount_groups
-
-
 def bincount_groups(chunk: pa.Table, by: list[str], cols: dict) -> pa.Table | None:
-    """Partials of a chunk grouped on one dictionary column, by ``np.bincount`` over its
-    codes (~6x faster than hashing them): for counts and sums, whose integer totals stay
-    exact in float64 (checked). None when that does not apply."""
+    """Partials of a chunk grouped on one dictionary column, by its codes
+    (:class:`~arrangedb.ops.code_totals.CodeTotals`, ~6x faster than hashing them): for
+    counts and sums. None when that does not apply."""
     if len(by) != 1 or not pa.types.is_dictionary(chunk.schema.field(by[0]).type):
         return None
-    n = chunk.num_rows
-    distinct = {id(c): c for c in cols.values() if c is not None}   # one pass per array
-    positive = None   # an integer partial >= 1 on every row: its totals show the groups
-    for i, c in distinct.items():
-        if c.dtype.kind in "iu" and len(c):
-            least, most = int(c.min()), int(c.max())
-            if max(abs(most), abs(least)) * n >= 2**53:
-                return None
-            if least >= 1 and positive is None:
-                positive = i
     column = chunk.column(by[0])
     if column.num_chunks == 0:
         return None
@@ -201,43 +189,22 @@ def bincount_groups(chunk: pa.Table, by: list[str], cols: dict) -> pa.Table | No
         if not pa.types.is_dictionary(chunk.schema.field(by[0]).type):
             return None
         column = chunk.column(by[0])
-    dictionary = column.chunk(0).dictionary   # one dictionary for all chunks now
-    k = len(dictionary)
-    # rows per group: counted only when a partial needs them, or no partial tells which
-    # groups have rows (a bincount less per chunk)
-    count_rows = positive is None or any(c is None for c in cols.values())
-    rows = np.zeros(k + 1, np.int64)
-    sums = {i: np.zeros(k + 1) for i in distinct}
-    # bincount takes only what casts safely to intp (not uint64), and casts its weights
-    # to float64: window by window, into one small buffer that stays in cache, rather
-    # than arrays of the chunk's length that are faulted in afresh (a third faster)
-    window = np.empty(min(BINCOUNT_WINDOW, n), np.intp)
+    totals = CodeTotals(column.chunk(0).dictionary)   # one dictionary for all chunks now
     lo = 0
     for part in column.chunks:   # chunk by chunk: the codes are never concatenated
         codes = (part.indices.fill_null(0) if part.null_count else part.indices).to_numpy(
             zero_copy_only=False)
         null = part.is_null().to_numpy(zero_copy_only=False) if part.null_count else None
-        for start in range(0, len(codes), BINCOUNT_WINDOW):
-            stop = min(start + BINCOUNT_WINDOW, len(codes))
-            idx = window[: stop - start]
-            idx[...] = codes[start:stop]
-            if null is not None:   # null keys go to slot k
-                idx[null[start:stop]] = k
-            if count_rows:
-                rows += np.bincount(idx, minlength=k + 1)
-            for i, total in sums.items():
-                total += np.bincount(idx, weights=distinct[i][lo + start:lo + stop],
-                                     minlength=k + 1)
-        lo += len(codes)
-    present = np.flatnonzero(rows if count_rows else sums[positive])
-    out = {by[0]: dictionary.take(pa.array(present, pa.int64(), mask=present == k))}
-    for p, c in cols.items():
-        if c is None:
-            out[p] = pa.array(rows[present])
-        else:
-            total = sums[id(c)][present]
-            out[p] = pa.array(total.astype(np.int64) if c.dtype.kind in "iu" else total)
-    return pa.table(out)
+        hi = lo + len(codes)
+        sliced: dict[int, np.ndarray] = {}   # one view per array: shared partials stay shared
+        for c in cols.values():
+            if c is not None and id(c) not in sliced:
+                sliced[id(c)] = c[lo:hi]
+        if not totals.add(codes, null, {p: None if c is None else sliced[id(c)]
+                                        for p, c in cols.items()}):
+            return None
+        lo = hi
+    return totals.table(by[0])
 
 
 def run_groups(chunk: pa.Table, by: list[str], cols: dict) -> pa.Table | None:

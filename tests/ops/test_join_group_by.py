@@ -371,3 +371,42 @@ def test_summed_right_side_with_its_own_key_name(engine, monkeypatch):
     want = sql("select k, cast(sum(b) as bigint) s, count(*) n from L join R on k = id "
                "group by k", L=L, R=R)
     assert bag(got) == bag(want)
+
+
+def test_dimension_codes_counted_piece_by_piece(tmp_path, monkeypatch):
+    """A fact side of several batches, each of several parts, meets every block of a
+    dimension as several pieces, with keys on one side only and nulls in the group
+    column: each piece's group codes are counted on their own, never concatenated with
+    the other pieces', and the result is DuckDB's."""
+    rng = np.random.default_rng(11)
+    nkeys = 100_000
+    R = pa.table({"k": np.arange(0, 2 * nkeys, 2),   # even keys: odd fact keys miss
+                  "g": pa.array([None if i % 13 == 0 else f"g{i % 7}" for i in range(nkeys)])})
+    facts = [pa.table({"k": rng.integers(-100, 2 * nkeys + 100, 60_000),
+                       "x": np.round(rng.random(60_000) * 100, 2),
+                       "i": rng.integers(-50, 50, 60_000)}) for _ in range(3)]
+    aggs = {"n": ("count", None), "sx": ("sum", "x"), "si": ("sum", "i"),
+            "ci": ("count", "i")}
+    counted = []
+    table = jgb.CodeTotals.table
+    monkeypatch.setattr(jgb.CodeTotals, "table",
+                        lambda self, by: counted.append(by) or table(self, by))
+    with adb.Engine(spill_dir=tmp_path, memory_budget="16MiB") as e:
+        lt, rt = e.arrange(facts[0], key=["k"]), e.arrange(R, key=["k"])
+        lt.insert(facts[1])
+        lt.insert(facts[2])
+        assert len(lt.batches()) > 1 and len(rt.batches()[0].parts) > 1
+        with monkeypatch.context() as m:
+            _no_join(m)
+            got = adb.join_group_by(lt, rt, by="g", aggs=aggs, engine=e).read_all()
+    assert counted   # grouped by the dimension's codes, piece by piece
+    L = pa.concat_tables(facts)
+    want = sql("select g, count(*) n, sum(x) sx, sum(i) si, count(i) ci from L join R "
+               "using (k) group by g order by g nulls last", L=L, R=R)
+    got = got.sort_by([("g", "ascending")])
+    got = got.take(np.argsort(got.column("g").is_null().to_numpy(zero_copy_only=False),
+                              kind="stable"))
+    for c in ("g", "n", "si", "ci"):
+        assert got.column(c).to_pylist() == want.column(c).to_pylist()
+    np.testing.assert_allclose(got.column("sx").to_numpy(), want.column("sx").to_numpy(),
+                               rtol=1e-12)

@@ -1,0 +1,98 @@
+"""Per-key partial aggregates of a block: what eager aggregation (``join_group_by``) moves
+through a join instead of the rows -- per key of a fact side's block, the count-weighted
+rows, the sums and the valid rows its aggregates need, read off the sums a part stores
+or computes on its encoding where it can."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from arrangedb.ops.aggregate import (LIMB_SEP, decimal_limbs, int_limbs, numeric_values,
+                                     weigh_limbs)
+from arrangedb.spine import Block, is_constant
+
+
+class KeyPartials:
+    """Per key of an A block, the sums each partial needs: ``n`` (count-weighted rows,
+    or valid values), ``s`` (count-weighted values) and ``v`` (valid rows, unweighted:
+    a sum over no non-null value is null). A decimal column's ``s`` comes as the limbs of
+    its exact sums (``s#0``, ``s#1``...: see :mod:`arrangedb.ops.aggregate`)."""
+
+    def __init__(self, aggs: dict, plan: dict, column_of: dict, decimal_sums=()):
+        self.aggs, self.plan, self.column_of = aggs, plan, column_of
+        self.decimal_sums = frozenset(decimal_sums)   # the partials of decimal sums
+        cols = [(fn, column_of[c]) for fn, c in aggs.values() if c is not None]
+        self.columns = frozenset(c for _, c in cols)   # the A columns read
+        self.sums = frozenset(c for fn, c in cols if fn != "count")   # only summed
+
+    def __call__(self, block: Block) -> dict[str, np.ndarray]:
+        bounds = block.key_bounds.astype(np.int64)
+        starts, rows = bounds[:-1], np.diff(bounds)
+        counts = block.counts
+        # Counts are mostly one value (each stored row once): sum the values per key and
+        # correct for the few rows counted otherwise, instead of weighing every row
+        unit = int(counts[0]) if len(counts) else 1
+        odd = None if is_constant(counts) else np.flatnonzero(counts != unit)
+        if odd is not None and len(odd) > len(counts) // 8:
+            odd, unit = None, None   # not few: weigh every row
+        odd_key = (None if odd is None or not len(odd)
+                   else np.searchsorted(bounds, odd, side="right") - 1)
+
+        def per_key(x: np.ndarray) -> np.ndarray:
+            return np.add.reduceat(x, starts) if len(starts) else x[:0]
+
+        def weighted(x: np.ndarray) -> np.ndarray:
+            if unit is None:
+                return per_key(x * counts)
+            total = per_key(x) if unit == 1 else per_key(x) * unit
+            if odd_key is not None:
+                np.add.at(total, odd_key, x[odd] * (counts[odd] - unit))
+            return total
+
+        if unit is None:
+            n_rows = per_key(counts.astype(np.int64))
+        elif unit == 1 and odd_key is None:
+            n_rows = rows   # the same array: partials equal by identity are grouped once
+        else:
+            n_rows = rows * unit
+            if odd_key is not None:
+                np.add.at(n_rows, odd_key, counts[odd] - unit)
+        summed = block.key_sums or {}
+        weighted_sums = block.weighted_sums or {}
+        out = {}
+        for name, (fn, col) in self.aggs.items():
+            if col is not None and self.column_of[col] in weighted_sums:
+                # summed on its encoding, weighted by the counts: no nulls, no decimal
+                s = weighted_sums[self.column_of[col]]
+                for pname, kind in self.plan[name]:
+                    out[pname] = n_rows if kind == "n" else rows if kind == "v" else s
+                continue
+            if col is not None and self.column_of[col] in summed:
+                # summed on its encoding: no nulls, every row counted ``unit`` times
+                s = summed[self.column_of[col]]
+                for pname, kind in self.plan[name]:
+                    if pname in self.decimal_sums:   # the unscaled integers' sums, exact
+                        limbs = int_limbs(s) if unit == 1 else weigh_limbs(int_limbs(s), unit)
+                        out.update((f"{pname}{LIMB_SEP}{i}", x) for i, x in enumerate(limbs))
+                        continue
+                    out[pname] = (n_rows if kind == "n" else rows if kind == "v"
+                                  else s if unit == 1 else s * unit)
+                continue
+            arr = None
+            if col is not None:
+                arr = block.vals.column(self.column_of[col])
+                arr = arr.chunk(0) if arr.num_chunks == 1 else arr.combine_chunks()
+            valid = (None if arr is None or arr.null_count == 0
+                     else arr.is_valid().to_numpy(zero_copy_only=False))
+            for pname, kind in self.plan[name]:
+                if kind == "n":
+                    out[pname] = n_rows if valid is None else weighted(valid.astype(np.int64))
+                elif kind == "v":
+                    out[pname] = rows if valid is None else per_key(valid.astype(np.int64))
+                elif pname in self.decimal_sums:   # exact: limbs of the unscaled integers
+                    ones = unit == 1 and odd_key is None
+                    out.update((f"{pname}{LIMB_SEP}{i}", per_key(x)) for i, x in
+                               enumerate(decimal_limbs(arr, None if ones else counts)))
+                else:   # "s": nulls were filled with 0
+                    out[pname] = weighted(numeric_values(arr))
+        return out
