@@ -85,6 +85,11 @@ class Builder:
             self._pending, self._pending_bytes = [tail], tail.nbytes
         self._settle()
 
+    @property
+    def reserved(self) -> int:
+        """What the builder holds on the budget for the updates it buffers."""
+        return self._reserved
+
     def _settle(self) -> None:
         """Hold a reservation for exactly what is still buffered."""
         if self._writer is None:

@@ -12,9 +12,10 @@ Rules of the thread:
   context by any other thread, and no reservation or release for ``QUIET_SECONDS``
   (every read, build, sort and grouping holds a reservation while it works, and a
   view's refresh counts as work throughout, so that is what "busy" means), and while
-  the budget holds at most half its limit. Two heavy jobs at once would each stay
-  within their reservations, but not within the one allowance the process has for what
-  reservations do not count.
+  the budget holds at most half its limit, not counting what the merges in progress
+  hold between slices (their inputs' decoded parts, their output's buffer). Two heavy
+  jobs at once would each stay within their reservations, but not within the one
+  allowance the process has for what reservations do not count.
 - It works in slices, each of the fuel the trace's exertion policy gives
   (:mod:`arrangedb.spine.build.exertion`), under the trace's write lock, taken without
   waiting (a writer goes first): an insert or a query that starts meanwhile waits at
@@ -104,7 +105,13 @@ class IdleMerger:
         if self.ctx.busy(QUIET_SECONDS):
             return False
         budget = self.ctx.budget
-        return budget is None or budget.held <= budget.limit // 2
+        if budget is None:
+            return True
+        # what the merges in progress hold between slices is this thread's own work, not
+        # another job's: counted, it could keep the budget past half for good (with
+        # resident batches or a cache holding the rest) and no merge would ever finish
+        own = sum(t.spine.merge_held_bytes() for t in list(self._traces))
+        return budget.held - own <= budget.limit // 2
 
     def _slice(self, trace) -> None:
         try:

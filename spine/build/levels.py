@@ -263,6 +263,11 @@ class Spine:
             self._apply_fuel(fuel)
             fuel -= max(before - self._work_left(), 1)
 
+    def merge_held_bytes(self) -> int:
+        """What the merges in progress hold on the budget between steps."""
+        mergers = [lvl.merger for lvl in list(self.levels) if lvl is not None]
+        return sum(m.held_bytes() for m in mergers if m is not None)
+
     def _merging(self) -> bool:
         return any(lvl is not None and lvl.merging for lvl in self.levels)
 

@@ -40,11 +40,17 @@ class Merger:
         self.failed = False
         self.remaining = sum(len(b) for b in batches)
         self._builder = Builder(ctx, first.key_schema, first.val_schema)
-        self._steps = iter(MergedReader(batches, ctx))
+        self._reader = MergedReader(batches, ctx)
+        self._steps = iter(self._reader)
 
     @property
     def done(self) -> bool:
         return self._result is not None
+
+    def held_bytes(self) -> int:
+        """What the merge in progress holds on the budget between steps: its inputs'
+        decoded parts and its output's buffer."""
+        return self._reader.held_bytes() + self._builder.reserved
 
     def work(self, fuel: int) -> int:
         """Spend up to ``fuel`` units (input updates); return what is left (may be < 0)."""

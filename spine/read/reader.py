@@ -53,6 +53,10 @@ class BatchReader:
         self._start()
         return not self._held
 
+    def held_bytes(self) -> int:
+        """What the decoded parts in use hold on the budget."""
+        return sum(h[3] for h in self._held)
+
     def _start(self) -> None:
         if not self._started:
             self._started = True
@@ -161,6 +165,10 @@ class MergedReader:
         # dimension's run of dense ids is far denser than a fact table's).
         self._step_rows = self.window_rows * len(self._sources)
         self._windows = self._shares([len(r.batch) for r, _ in self._sources])
+
+    def held_bytes(self) -> int:
+        """What the sources' decoded parts hold on the budget."""
+        return sum(r.held_bytes() for r, _ in self._sources)
 
     def _shares(self, rows: list[int]) -> list[int]:
         total = max(sum(rows), 1)

@@ -58,6 +58,24 @@ def test_a_trace_left_alone_settles_into_one_batch_and_reads_the_same(tmp_path):
         assert _snap(trace) == want + _model(more)
 
 
+def test_a_merge_holding_parts_is_not_kept_off_by_its_own_reservations(tmp_path):
+    """The thread keeps off while others hold more than half the budget; what the merge
+    in progress itself holds between slices (its inputs' decoded parts) is not another
+    job: with 40% held elsewhere the merge would otherwise stop at its first slice,
+    for good, and ``wait_merged`` would never return."""
+    rng = np.random.default_rng(5)
+    with arrangedb.Engine(spill_dir=tmp_path, memory_budget="64MiB") as engine:
+        trace = engine.arrange(_table(rng, 2_000_000, keys=1_000_000), key=["k"], vals=["v"])
+        assert len(trace.batches()) > 2 and trace.wants_merge()
+        elsewhere = engine.budget.limit * 2 // 5
+        engine.budget.reserve(elsewhere, "test")   # a long-lived holder (resident data)
+        try:
+            assert engine.wait_merged(60)
+            assert len(trace.batches()) == 1 and engine.stats()["idle_merge_slices"] > 0
+        finally:
+            engine.budget.release(elsewhere, "test")
+
+
 def test_the_thread_keeps_off_while_the_engine_is_busy(tmp_path):
     rng = np.random.default_rng(2)
     with arrangedb.Engine(spill_dir=tmp_path, memory_budget="16MiB") as engine:
