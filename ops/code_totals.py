@@ -38,7 +38,7 @@ class CodeTotals:
     def __init__(self, dictionary: pa.Array):
         self.dictionary = dictionary
         self.slots = len(dictionary) + 1
-        self._totals: dict[str, np.ndarray] = {}
+        self._totals: dict[str, np.ndarray | None] = {}
         self._seen = np.zeros(self.slots, bool)   # groups with a row
         self._float_bound: dict[str, float] = {}  # uint64 partials: what their sums may reach
         self._window = np.empty(WINDOW, np.intp)
@@ -81,10 +81,12 @@ class CodeTotals:
                     np.add.at(piece[i], idx, c[start:stop])
                 else:
                     piece[i] += np.bincount(idx, weights=c[start:stop], minlength=self.slots)
+        for p in cols:   # the partials' order, whichever arrays they share
+            self._totals.setdefault(p, None)
         for i, (c, names) in arrays.items():
             total = rows if c is None else piece[i]
             for p in names:
-                if p in self._totals:
+                if self._totals[p] is not None:
                     self._totals[p] += total
                 else:
                     self._totals[p] = total.copy()
@@ -97,7 +99,8 @@ class CodeTotals:
 
     def table(self, by: str) -> pa.Table:
         """One row per group with a row: the group's value (null for slot
-        ``len(dictionary)``) and each partial's total (integers as int64)."""
+        ``len(dictionary)``) and each partial's total (integers as int64), in the order
+        the partials were first given."""
         present = np.flatnonzero(self._seen)
         null_slot = self.slots - 1
         out = {by: self.dictionary.take(pa.array(present, pa.int64(), mask=present == null_slot))}

@@ -53,3 +53,16 @@ def test_uint64_totals_past_float_exactness_are_refused():
     assert not totals.add(codes, None, {"s": np.full(3, 2**52, np.uint64)})
     got = totals.table("g").to_pylist()   # what was refused was not added
     assert got == [{"g": "a", "s": 4}, {"g": "b", "s": 2}]
+
+
+def test_partials_keep_their_order_whichever_arrays_they_share():
+    """A count and a sum's valid rows are one array in a piece without nulls, two in a
+    piece with some: the table's columns follow the partials as given either way (the
+    grouped chunks of one stream are concatenated, schema to schema)."""
+    codes = np.array([0, 1, 1], np.int32)
+    ones, valid, x = np.ones(3, np.int64), np.array([1, 0, 1], np.int64), np.ones(3)
+    order = ["n__n", "p__n", "p__s", "p__v"]
+    shared, apart = CodeTotals(pa.array(["a", "b"])), CodeTotals(pa.array(["a", "b"]))
+    assert shared.add(codes, None, {"n__n": ones, "p__n": ones, "p__s": x, "p__v": ones})
+    assert apart.add(codes, None, {"n__n": ones, "p__n": valid, "p__s": x, "p__v": valid})
+    assert shared.table("g").column_names == apart.table("g").column_names == ["g", *order]

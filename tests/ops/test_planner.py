@@ -307,3 +307,23 @@ def test_group_values_new_in_a_later_batch_keep_their_groups(tmp_path, seed):
         want = eager_group_by(eager_join(facts, dims), by="g", aggs=aggs).read_all()
         assert got.to_pydict() == want.sort_by("g").to_pydict()
         assert None not in got.column("g").to_pylist()
+
+
+def test_a_grouped_left_join_whose_later_chunks_hold_only_nulls(tmp_path):
+    """group_by over a left join, on a string of the left side, summing a right-side
+    column: the first chunks of the join's output have no null sums, the later ones only
+    nulls (their keys have no right row), so their partials share arrays differently;
+    the chunks' partials still concatenate, and the result is the plan's as written."""
+    n = 200_000
+    rng = np.random.default_rng(0)
+    k = np.arange(n)
+    aggs = {"n": ("count", None), "p": ("sum", "price")}
+    with adb.Engine(spill_dir=tmp_path, memory_budget="64MiB") as e:
+        left = e.arrange(pa.table({"k": k, "st": rng.choice(["a", "b", "c"], n)}),
+                         key=["k"], vals=["st"])
+        right = e.arrange(pa.table({"k": k[: n // 2], "price": np.ones(n // 2)}),
+                          key=["k"], vals=["price"])
+        got = adb.group_by(adb.join(left, right, how="left"), by="st", aggs=aggs).read_all()
+        written = eager_group_by(eager_join(left, right, how="left"), by="st",
+                                 aggs=aggs).read_all()
+    assert got.sort_by("st").to_pylist() == written.sort_by("st").to_pylist()
