@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from arrangedb.ops.aggregate import decimal_limbs, limbs_to_decimal
 from arrangedb.ops.group_by import group_by
 from arrangedb.ops.join import join
 from arrangedb.ops.planner import coded_group_columns, params
@@ -54,7 +55,7 @@ def added(view, delta: pa.Table, aggs: dict) -> pa.Table | None:
     for name in view.val_names:   # a group the view lacks starts from zero
         d = delta.column(name).combine_chunks()
         before = _scatter(old.column(name).combine_chunks(), qi, delta.num_rows, d.type)
-        new_cols.append(pc.add(before, d.fill_null(pa.scalar(0, d.type))))
+        new_cols.append(_plus(before, d.fill_null(pa.scalar(0, d.type))))
     count = next(n for n, (fn, col) in aggs.items() if fn == "count" and col is None)
     alive = pc.greater(new_cols[view.val_names.index(count)], 0).to_numpy(
         zero_copy_only=False)
@@ -63,6 +64,21 @@ def added(view, delta: pa.Table, aggs: dict) -> pa.Table | None:
     new = new.append_column(DIFF, pa.array(np.ones(new.num_rows, np.int64)))
     gone = as_retractions(old, view.key_names + view.val_names)
     return pa.concat_tables([gone, new.cast(delta_schema(view))])
+
+
+def _plus(a: pa.Array, b: pa.Array) -> pa.Array:
+    """``a + b`` in their type. Decimals are added as the limbs of their unscaled
+    integers (Arrow's decimal addition widens the precision by a digit, past the 38 of
+    a decimal128 sum); OverflowError when a total has more digits than the type holds."""
+    if not pa.types.is_decimal(a.type):
+        return pc.add(a, b)
+    # two limbs when an array's values fit int64, more otherwise; a value is the sum of
+    # its limb i times 2**(32 i), so the shorter list is padded with zeros
+    la, lb = decimal_limbs(a), decimal_limbs(b)
+    zero = np.zeros(len(a), np.int64)
+    la += [zero] * (len(lb) - len(la))
+    lb += [zero] * (len(la) - len(lb))
+    return limbs_to_decimal([x + y for x, y in zip(la, lb)], a.type)
 
 
 def summed(aggs: dict) -> list[str]:
