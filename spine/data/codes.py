@@ -143,7 +143,8 @@ def _column_rank(arr: pa.Array) -> np.ndarray:
         return _decimal_rank(arr)
     if is_absolute([t]):
         valid = None if arr.null_count == 0 else arr.is_valid().to_numpy(zero_copy_only=False)
-        values = _column_values(arr.fill_null(0) if valid is not None else arr)
+        filler = False if pa.types.is_boolean(t) else 0   # a bool takes no integer
+        values = _column_values(arr.fill_null(filler) if valid is not None else arr)
         uniq, inv = np.unique(values, return_inverse=True)
         rank = inv.astype(np.int64) + 1
         if valid is not None:

@@ -484,3 +484,15 @@ def test_a_bad_batch_late_in_a_parquet_file_stops_the_reading_thread(engine, tmp
     with pytest.raises(SchemaError, match="null"):
         engine.arrange(path, key=["k"], vals=["v"])
     assert engine.budget.held == 0 and not _reading_threads()
+
+
+def test_a_nullable_boolean_val_is_arranged_and_read(tmp_path):
+    """Booleans with nulls as vals: ranked with the nulls apart (a bool column takes no
+    integer as its fill), consolidated, and read back as they were given."""
+    t = pa.table({"k": pa.array([1, 1, 2, 2, 1], pa.int64()),
+                  "b": pa.array([True, None, False, None, True])})
+    with Engine(spill_dir=tmp_path, memory_budget="64MiB") as e:
+        trace = e.arrange(t, key=["k"], vals=["b"])
+        got = trace.snapshot().read_all().to_pylist()
+    assert Counter((r["k"], r["b"], r["count"]) for r in got) == Counter(
+        [(1, None, 1), (1, True, 2), (2, False, 1), (2, None, 1)])
