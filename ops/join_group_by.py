@@ -120,11 +120,13 @@ def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: Partials,
                  for gen in a_gens]
     b_blocks = part_blocks(b_trace, at, dictionary, columns=frozenset(by_b))
 
-    coded = (by[0] if len(by) == 1 and by[0] in dictionary
-             and is_absolute([f.type for f in a_trace.key_schema]) else None)
+    # one group column, B's and read as codes, over keys with comparable codes: counted
+    # piece by piece (_coded_groups)
+    coded = (len(by) == 1 and where[by[0]][0] == b_side and where[by[0]][1] in dictionary
+             and is_absolute([f.type for f in a_trace.key_schema]))
 
     def emit(got: list, bb: Block) -> Iterator[pa.RecordBatch]:
-        grouped = _coded_groups(got, bb, coded) if coded is not None else None
+        grouped = _coded_groups(got, bb, where[by[0]][1], by[0]) if coded else None
         if grouped is not None:
             if grouped.num_rows:
                 yield partials.as_partials(grouped)
@@ -174,13 +176,14 @@ def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: Partials,
             gen.close()
 
 
-def _coded_groups(got: list, bb: Block, column: str) -> pa.Table | None:
-    """The partials of A's pieces ``got`` grouped on B's dictionary column ``column``,
-    when B's block is a dimension (one row per key, each counted once): each piece is
-    matched against the B keys of its own range and its groups' codes counted into
-    one :class:`CodeTotals`, so that no piece is concatenated with another, and keys
-    the two sides share in order (a foreign key's sums against its dimension) are
-    matched by one comparison. None when the block is not of that form."""
+def _coded_groups(got: list, bb: Block, column: str, name: str) -> pa.Table | None:
+    """The partials of A's pieces ``got`` grouped on B's dictionary column ``column``
+    (the output's group column ``name``), when B's block is a dimension (one row per
+    key, each counted once): each piece is matched against the B keys of its own range
+    and its groups' codes counted into one :class:`CodeTotals`, so that no piece is
+    concatenated with another, and keys the two sides share in order (a foreign key's
+    sums against its dimension) are matched by one comparison. None when the block is
+    not of that form."""
     if len(bb) != bb.num_keys or not is_constant(bb.counts) or int(bb.counts[0]) != 1:
         return None
     col = bb.vals.column(column)
@@ -205,7 +208,7 @@ def _coded_groups(got: list, bb: Block, column: str) -> pa.Table | None:
             at, cols = ri + lo, _per_array(sums, lambda x: x[li])
         if not totals.add(group_codes[at], None if null is None else null[at], cols):
             return None
-    return totals.table(column)
+    return totals.table(name)
 
 
 def _cut(item: tuple, lo: int, hi: int) -> tuple:

@@ -410,3 +410,31 @@ def test_dimension_codes_counted_piece_by_piece(tmp_path, monkeypatch):
         assert got.column(c).to_pylist() == want.column(c).to_pylist()
     np.testing.assert_allclose(got.column("sx").to_numpy(), want.column("sx").to_numpy(),
                                rtol=1e-12)
+
+
+def test_a_group_column_named_apart_from_its_trace_column(tmp_path, monkeypatch):
+    """Both sides hold a val ``g``: the join names them ``left_g`` and ``right_g``, and a
+    grouping on ``right_g`` -- the dimension's ``g``, read as codes -- is counted by the
+    dimension's codes under its output name, as the plan as written groups it."""
+    rng = np.random.default_rng(4)
+    nkeys = 50_000
+    L = pa.table({"k": rng.integers(0, nkeys, 200_000), "g": rng.integers(0, 9, 200_000),
+                  "x": np.round(rng.random(200_000) * 10, 2)})
+    R = pa.table({"k": np.arange(nkeys), "g": pa.array([f"r{i % 6}" for i in range(nkeys)])})
+    aggs = {"n": ("count", None), "s": ("sum", "x")}
+    counted = []
+    table = jgb.CodeTotals.table
+    monkeypatch.setattr(jgb.CodeTotals, "table",
+                        lambda self, by: counted.append(by) or table(self, by))
+    with adb.Engine(spill_dir=tmp_path, memory_budget="16MiB") as e:
+        lt, rt = e.arrange(L, key=["k"]), e.arrange(R, key=["k"])
+        want = _plain(lt, rt, "right_g", aggs, None)
+        with monkeypatch.context() as m:
+            _no_join(m)
+            got = adb.join_group_by(lt, rt, by="right_g", aggs=aggs, engine=e).read_all()
+    assert counted and set(counted) == {"right_g"}
+    got, want = got.sort_by("right_g"), want.sort_by("right_g")
+    for c in ("right_g", "n"):
+        assert got.column(c).to_pylist() == want.column(c).to_pylist()
+    np.testing.assert_allclose(got.column("s").to_numpy(), want.column("s").to_numpy(),
+                               rtol=1e-12)
