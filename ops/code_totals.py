@@ -28,6 +28,18 @@ import pyarrow as pa
 WINDOW = 1 << 16   # codes cast and counted at once
 
 
+def per_array(cols: dict, fn) -> dict:
+    """``fn(array)`` for each partial, once per array (None stays None): partials that
+    share one array (a count and a sum's valid rows, over a column without nulls) keep
+    sharing it, so that :meth:`CodeTotals.add` sums it once."""
+    done, out = {}, {}
+    for p, x in cols.items():
+        if x is not None and id(x) not in done:
+            done[id(x)] = fn(x)
+        out[p] = None if x is None else done[id(x)]
+    return out
+
+
 class CodeTotals:
     """Partials summed per code of one dictionary (nulls in slot ``len(dictionary)``).
 
@@ -52,9 +64,10 @@ class CodeTotals:
         arrays: dict[int, tuple[np.ndarray | None, list[str]]] = {}
         for p, c in cols.items():
             arrays.setdefault(id(c), (c, []))[1].append(p)
-        unsigned = {i: c for i, (c, _) in arrays.items() if c is not None and c.dtype.kind == "u"}
-        for i, c in unsigned.items():
-            bound = (float(c.max()) if n else 0.0) * n
+        # uint64 partials: what this piece may add to their float64 sums
+        bounds = {i: (float(c.max()) if n else 0.0) * n for i, (c, _) in arrays.items()
+                  if c is not None and c.dtype.kind == "u"}
+        for i, bound in bounds.items():
             if max(self._float_bound.get(p, 0.0) for p in arrays[i][1]) + bound >= 2**53:
                 return False
         # a partial of integers >= 1 on every row tells which groups have rows; else
@@ -62,9 +75,8 @@ class CodeTotals:
         marker = next((i for i, (c, _) in arrays.items() if c is not None
                        and c.dtype.kind == "i" and n and c.min() >= 1), None)
         count_rows = marker is None or any(c is None for c, _ in arrays.values())
-        piece = {i: (np.zeros(self.slots, np.int64) if c is None or c.dtype.kind == "i"
-                     else np.zeros(self.slots))
-                 for i, (c, _) in arrays.items()}
+        piece = {i: np.zeros(self.slots, np.int64 if c.dtype.kind == "i" else np.float64)
+                 for i, (c, _) in arrays.items() if c is not None}
         rows = np.zeros(self.slots, np.int64) if count_rows else None
         for start in range(0, n, WINDOW):
             stop = min(start + WINDOW, n)
@@ -90,10 +102,9 @@ class CodeTotals:
                     self._totals[p] += total
                 else:
                     self._totals[p] = total.copy()
-            if i in unsigned:
-                bound = (float(c.max()) if n else 0.0) * n
+            if i in bounds:
                 for p in names:
-                    self._float_bound[p] = self._float_bound.get(p, 0.0) + bound
+                    self._float_bound[p] = self._float_bound.get(p, 0.0) + bounds[i]
         self._seen |= (rows if count_rows else piece[marker]) > 0
         return True
 

@@ -38,7 +38,7 @@ from arrangedb.ops.partials import (Partials, bincount_groups, partial_names, pl
                                     unified)
 from arrangedb.ops.join import (HOWS, check_traces, dictionary_readable, join,
                                 output_schema, prefixed_names)
-from arrangedb.ops.code_totals import CodeTotals
+from arrangedb.ops.code_totals import CodeTotals, per_array
 from arrangedb.ops.key_partials import KeyPartials
 from arrangedb.ops.match import match_codes, match_keys
 from arrangedb.spine import (Block, absolute_codes, batch_part_blocks, count_through,
@@ -205,7 +205,7 @@ def _coded_groups(got: list, bb: Block, column: str, name: str) -> pa.Table | No
             at, cols = slice(lo, hi), sums
         else:
             li, ri = match_codes(kc, rc)
-            at, cols = ri + lo, _per_array(sums, lambda x: x[li])
+            at, cols = ri + lo, per_array(sums, lambda x: x[li])
         if not totals.add(group_codes[at], None if null is None else null[at], cols):
             return None
     return totals.table(name)
@@ -213,7 +213,7 @@ def _coded_groups(got: list, bb: Block, column: str, name: str) -> pa.Table | No
 
 def _cut(item: tuple, lo: int, hi: int) -> tuple:
     keys, sums = item
-    return keys.slice(lo, hi - lo), _per_array(sums, lambda x: x[lo:hi])
+    return keys.slice(lo, hi - lo), per_array(sums, lambda x: x[lo:hi])
 
 
 def _concatenated(items: list[dict]) -> dict:
@@ -229,18 +229,6 @@ def _concatenated(items: list[dict]) -> dict:
         if same not in joined:
             joined[same] = np.concatenate(arrays)
         out[p] = joined[same]
-    return out
-
-
-def _per_array(sums: dict, fn) -> dict:
-    """``fn(array)`` for each partial, once per array: partials that share one
-    array (a count and a sum's valid rows, over a column without nulls) keep sharing
-    it, so the grouping sums it once."""
-    done, out = {}, {}
-    for p, x in sums.items():
-        if id(x) not in done:
-            done[id(x)] = fn(x)
-        out[p] = done[id(x)]
     return out
 
 
@@ -262,7 +250,7 @@ def _pairs(akeys: pa.Table, bb: Block, li: np.ndarray, ri: np.ndarray, by: list[
     weight = int(bb.counts[0]) if is_constant(bb.counts) else bb.counts[rows]
     unit = isinstance(weight, int) and weight == 1
     if unit:
-        cols = _per_array(sums, lambda x: x[akey])
+        cols = per_array(sums, lambda x: x[akey])
     else:
         cols = {p: x[akey] if p.endswith("__v") else x[akey] * weight
                 for p, x in sums.items() if LIMB_SEP not in p}

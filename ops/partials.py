@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from arrangedb.ops.aggregate import (LIMB_SEP, as_comparable, decimal_limbs, decimal_mean,
                                      fold_limbs, limbs_to_decimal, numeric_values,
                                      output_field, sum_type)
-from arrangedb.ops.code_totals import CodeTotals
+from arrangedb.ops.code_totals import CodeTotals, per_array
 
 
 _COMBINE = {"n": "sum", "s": "sum", "v": "sum", "min": "min", "max": "max"}
@@ -196,12 +196,7 @@ def bincount_groups(chunk: pa.Table, by: list[str], cols: dict) -> pa.Table | No
             zero_copy_only=False)
         null = part.is_null().to_numpy(zero_copy_only=False) if part.null_count else None
         hi = lo + len(codes)
-        sliced: dict[int, np.ndarray] = {}   # one view per array: shared partials stay shared
-        for c in cols.values():
-            if c is not None and id(c) not in sliced:
-                sliced[id(c)] = c[lo:hi]
-        if not totals.add(codes, null, {p: None if c is None else sliced[id(c)]
-                                        for p, c in cols.items()}):
+        if not totals.add(codes, null, per_array(cols, lambda x: x[lo:hi])):
             return None
         lo = hi
     return totals.table(by[0])
