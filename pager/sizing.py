@@ -26,5 +26,15 @@ BLOCK_CACHE_SHARE = 16
 # A reader holds one decoded part per source, about twice the part's stored size: the
 # read fan-in x 2 x part size is a quarter of the budget.
 READERS_SHARE = 4
+# A batch read on its own -- a spine merge's output, an arrange's only run -- cuts parts
+# up to this many times larger once it spans this many base parts: a settled trace is one
+# or two such batches, and each part read carries a fixed cost (its key range looked up,
+# decoded, released) that larger parts spread over more rows. Runs that a read walks many
+# of at once (an arrange's, merged down to the read fan-in) keep the base size.
+LARGE_PART_FACTOR = 4
+LARGE_PART_MIN_PARTS = 8
+# ... and at most this many large parts fit the readers' share (twice their size each):
+# a read meets few large batches, one per spine level past the base parts.
+LARGE_PARTS_READ = 4
 # group_by's partial aggregates held in memory before they spill through an arrangement.
 GROUP_BY_SHARE = 8

@@ -25,9 +25,11 @@ from arrangedb.spine.storage.encode import write_part
 
 class Builder:
     def __init__(self, ctx: StorageContext, key_schema: pa.Schema, val_schema: pa.Schema | None,
-                 new_writer=None):
-        """``new_writer``: makes the page writer (default: a spill file of ``ctx``)."""
+                 new_writer=None, part_bytes: int | None = None):
+        """``new_writer``: makes the page writer (default: a spill file of ``ctx``);
+        ``part_bytes``: the decoded size of a part (default: ``ctx.part_bytes``)."""
         self.ctx = ctx
+        self.part_bytes = part_bytes if part_bytes is not None else ctx.part_bytes
         self.key_schema = key_schema
         self.val_schema = val_schema
         self.parts = []
@@ -54,17 +56,17 @@ class Builder:
         self._reserved += nbytes
         self._pending.append(chunk)
         self._pending_bytes += nbytes
-        if self._pending_bytes >= self.ctx.part_bytes:
+        if self._pending_bytes >= self.part_bytes:
             self._flush(final=False)
 
     def _flush(self, final: bool = True) -> None:
-        """Cut buffered updates into parts of about ``part_bytes``, at key boundaries."""
+        """Cut buffered updates into parts of about ``self.part_bytes``, at key boundaries."""
         if not self._pending:
             return
         run = Updates.concat(self._pending)
         self._pending, self._pending_bytes = [], 0
         per_row = max(run.nbytes // max(len(run), 1), 1)
-        rows = max(self.ctx.part_bytes // per_row, 1)
+        rows = max(self.part_bytes // per_row, 1)
         if len(run) <= rows:
             self._emit(run)
             self._settle()

@@ -113,7 +113,7 @@ class Spine:
 
     def _merger(self, lvl: Level) -> Merger:
         if lvl.merger is None:
-            lvl.merger = Merger(lvl.batches, lvl.since, self.ctx)
+            lvl.merger = Merger(lvl.batches, lvl.since, self.ctx, whole=True)
         return lvl.merger
 
     def _merged(self, lvl: Level) -> Batch:
@@ -197,7 +197,7 @@ class Spine:
         if len(below) == 1:
             merged = below[0]
         else:
-            merged = Merger(below, self.since, self.ctx).finish()
+            merged = Merger(below, self.since, self.ctx, whole=True).finish()
             inherit(merged, below)
         self._drop_inputs(below if len(below) > 1 else [])
         if len(merged):

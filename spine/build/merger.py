@@ -31,7 +31,10 @@ from arrangedb.spine.read.reader import MergedReader, step_updates
 
 
 class Merger:
-    def __init__(self, batches: list[Batch], since: int, ctx: StorageContext):
+    def __init__(self, batches: list[Batch], since: int, ctx: StorageContext,
+                 whole: bool = False):
+        """``whole``: the output is read on its own (a spine's merge, not a merge down to
+        a read's fan-in), so it may be cut into larger parts."""
         self.inputs = batches
         self.since = since
         self.ctx = ctx
@@ -39,7 +42,8 @@ class Merger:
         self._result: Batch | None = None
         self.failed = False
         self.remaining = sum(len(b) for b in batches)
-        self._builder = Builder(ctx, first.key_schema, first.val_schema)
+        part_bytes = ctx.whole_part_bytes(sum(b.payload_bytes for b in batches)) if whole else None
+        self._builder = Builder(ctx, first.key_schema, first.val_schema, part_bytes=part_bytes)
         self._reader = MergedReader(batches, ctx)
         self._steps = iter(self._reader)
 

@@ -112,11 +112,12 @@ class RunBuilder:
         buffered: list[Updates] = []
         size = rows = peak = 0
 
-        def seal():
+        def seal(alone: bool = False):
             """Sort what is buffered into a run; its reservation passes to seal."""
             nonlocal buffered, size, rows, run_bytes, room
             reserved, size, rows = size, 0, 0
-            runs.append(self.seal(buffered, reserved, resident, max_resident, new_writer))
+            runs.append(self.seal(buffered, reserved, resident, max_resident, new_writer,
+                                  alone))
             buffered = []
             run_bytes = self.run_bytes()
             # runs cut to the resident room while they are kept: once one is paged out,
@@ -176,7 +177,7 @@ class RunBuilder:
                 if excess(size, rows) >= 0:   # full
                     seal()
             if buffered:
-                seal()
+                seal(alone=not runs)
             if merge:
                 runs[:] = self.merge_down(runs)
         except BaseException:
@@ -208,10 +209,12 @@ class RunBuilder:
         return max(self.ctx.part_bytes, min(budget.limit // RUN_SHARE, budget.limit - budget.held))
 
     def seal(self, buffered: list[Updates], reserved: int, resident: bool = False,
-             max_resident: int | None = None, new_writer=None) -> Batch:
+             max_resident: int | None = None, new_writer=None, alone: bool = False
+             ) -> Batch:
         """Sort and write one run; gives back the reservation of its input. A
         ``resident`` run of at most ``max_resident`` updates is kept in memory instead
-        when the engine admits it.
+        when the engine admits it. A run built ``alone`` (the input's only one) is read
+        on its own, and is cut into parts as a merge's output is.
 
         Sorting holds a few copies of the run at once (the concatenated input, codes,
         orders, the sorted copy): they are reserved too (:func:`sort_cost`), so the
@@ -239,7 +242,9 @@ class RunBuilder:
                 if store.admits(run.nbytes + starts.nbytes):
                     return store.make(run, starts, self.key_schema, self.val_schema,
                                       copy=shared)
-            builder = Builder(self.ctx, self.key_schema, self.val_schema, new_writer)
+            part_bytes = self.ctx.whole_part_bytes(run.nbytes) if alone else None
+            builder = Builder(self.ctx, self.key_schema, self.val_schema, new_writer,
+                              part_bytes)
             try:
                 builder.push(run)
                 return builder.done()

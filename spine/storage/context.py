@@ -17,7 +17,8 @@ from arrangedb.pager import PageWriter
 from arrangedb.pager.mapped_regions import MappedRegions
 from arrangedb.spine.storage.blockcache import BlockCache
 from arrangedb.spine.storage.resident import ResidentBatches
-from arrangedb.pager.sizing import READERS_SHARE
+from arrangedb.pager.sizing import (LARGE_PART_FACTOR, LARGE_PART_MIN_PARTS, LARGE_PARTS_READ,
+                                    READERS_SHARE)
 
 
 @dataclass
@@ -26,6 +27,7 @@ class StorageContext:
     spill: object | None = None   # arrangedb.pager.SpillDirectory; None keeps parts in memory
     codec: str = "auto"
     part_bytes: int = 4 << 20     # target decoded size of a part
+    large_part_bytes: int | None = None  # parts of a batch read on its own (None: part_bytes)
     window_rows: int = 1 << 16    # rows each source contributes to one merge step
     run_bytes: int | None = None  # what sorting one run may hold (None: half the budget)
     read_fan_in: int = 8          # runs a read walks at once (more are merged down first)
@@ -50,14 +52,24 @@ class StorageContext:
         # A reader holds one decoded part per source (about twice the part's stored
         # size): fan_in x 2 x part = a quarter of the budget.
         part = min(max(limit // (READERS_SHARE * 2 * fan_in), 256 << 10), 16 << 20)
+        large = max(part, min(LARGE_PART_FACTOR * part,
+                              limit // (READERS_SHARE * 2 * LARGE_PARTS_READ)))
         cache = None
         if budget is not None:
             cache = BlockCache(budget)
-        ctx = cls(budget=budget, spill=spill, codec=codec, part_bytes=part, window_rows=window,
-                  read_fan_in=fan_in, block_cache=cache)
+        ctx = cls(budget=budget, spill=spill, codec=codec, part_bytes=part,
+                  large_part_bytes=large, window_rows=window, read_fan_in=fan_in,
+                  block_cache=cache)
         if budget is not None and spill is not None:
             ctx.resident = ResidentBatches(ctx, budget)
         return ctx
+
+    def whole_part_bytes(self, payload_bytes: int) -> int:
+        """Part size for a batch of about ``payload_bytes`` that is read on its own (a
+        spine merge's output, an arrange's only run): the base size, growing to
+        ``large_part_bytes`` once the batch spans many parts."""
+        grown = payload_bytes // LARGE_PART_MIN_PARTS
+        return min(max(grown, self.part_bytes), self.large_part_bytes or self.part_bytes)
 
     def close(self) -> None:
         """Drop what the context holds on the budget's behalf (block cache, spiller)."""

@@ -158,3 +158,38 @@ def test_a_failed_merge_is_abandoned_and_gives_back_everything(tmp_path, monkeyp
         ctx.close()
         spill.close()
         budget.close()
+
+
+def _mean_part_rows(batches) -> float:
+    parts = [p for b in batches for p in b.parts]
+    return sum(p.num_updates for p in parts) / len(parts)
+
+
+def test_batches_read_on_their_own_are_cut_into_larger_parts():
+    """An arrange's only run and a spine merge's output are read alone, so they take
+    parts up to ``large_part_bytes``; runs merged down to the read fan-in are read side
+    by side and keep the base size, as do batches of only a few base parts."""
+    from arrangedb.spine.build.runs import RunBuilder
+    from arrangedb.spine.data.ingest import Columns
+
+    rng = np.random.default_rng(7)
+    t = pa.table({"k": rng.integers(0, 1 << 40, 200_000), "v": rng.integers(0, 9, 200_000)})
+    cols = Columns(["k"], ["v"], None, None)
+    base, large = 64 << 10, 256 << 10
+    ctx = StorageContext(part_bytes=base, large_part_bytes=large, read_fan_in=2)
+    assert ctx.whole_part_bytes(4 * base) == base
+    assert ctx.whole_part_bytes(1 << 30) == large
+
+    (alone,) = RunBuilder(ctx, KEYS, VALS, cols).build(t, None, None)
+    (few,) = RunBuilder(ctx, KEYS, VALS, cols).build(t.slice(0, 2_000), None, None)
+    many_ctx = StorageContext(part_bytes=base, large_part_bytes=large, read_fan_in=2,
+                              run_bytes=1 << 20)
+    runs = RunBuilder(many_ctx, KEYS, VALS, cols).build(t, None, None)
+    merged = Merger(runs, 0, many_ctx, whole=True).finish()
+
+    per_base = base // 16          # rows of 16 bytes (key, val) in a base part
+    assert len(runs) == 2 and _mean_part_rows(runs) <= 1.2 * per_base
+    assert _mean_part_rows([alone]) >= 3 * per_base
+    assert _mean_part_rows([merged]) >= 3 * per_base
+    assert len(few.parts) == 1
+    assert _rows(merged) == _rows(alone)
