@@ -75,3 +75,59 @@ def test_arrange_and_read_back_eight_times_the_budget(tmp_path):
     print(f"peak RSS over baseline {peak_mib:.0f} MiB, limit {limit_mib:.0f} MiB, "
           f"spilled {r['spilled'] / 2**20:.0f} MiB")
     assert grown <= budget + r["allowance"]
+
+
+SETTLED_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import numpy as np, pyarrow as pa
+    from arrangedb import Engine
+    from arrangedb.pager import RSS_ALLOWANCE
+
+    budget, root = int(sys.argv[1]), sys.argv[2]
+    rng = np.random.default_rng(1)
+    total = {"count": 0, "val_sum": 0}
+
+    def batches(n, step=1 << 16):
+        for lo in range(0, n, step):
+            k = rng.integers(0, 1 << 40, min(step, n - lo))
+            v = rng.integers(0, 1 << 20, len(k))
+            total["count"] += len(k)
+            total["val_sum"] += int(v.sum())
+            yield pa.record_batch({"k": k, "v": v})
+
+    rows = 4 * budget // 16
+    with Engine(spill_dir=root, memory_budget=budget) as engine:
+        trace = engine.arrange(batches(rows), key=["k"], vals=["v"])
+        engine.wait_merged()
+        settled = [len(b.parts) for b in trace.batches()]
+        for _ in range(3):   # inserts the spine merges into batches of large parts
+            trace.insert(pa.Table.from_batches(list(batches(rows // 4))))
+        shape = [len(b) for b in trace.batches()]
+        count = val_sum = 0
+        for b in trace.snapshot():
+            c = b.column("count").to_numpy()
+            count += int(c.sum())
+            val_sum += int((b.column("v").to_numpy() * c).sum())
+        stats = engine.stats()
+        large = engine.ctx.large_part_bytes > engine.ctx.part_bytes
+    print(json.dumps({"expected": total, "got": {"count": count, "val_sum": val_sum},
+                      "settled_parts": settled, "batches": shape, "large": large,
+                      "peak_rss": stats["peak_rss_bytes"],
+                      "baseline_rss": stats["baseline_rss_bytes"], "allowance": RSS_ALLOWANCE}))
+""")
+
+
+@pytest.mark.slow
+def test_reading_settled_batches_of_large_parts_stays_within_the_budget(tmp_path):
+    """A trace settled into batches of large parts, then written to (its merges cut
+    large parts again) and read whole while several such batches coexist."""
+    budget = 32 << 20
+    out = subprocess.run([sys.executable, "-c", SETTLED_SCRIPT, str(budget), str(tmp_path)],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["got"] == r["expected"]
+    assert r["large"] and len(r["settled_parts"]) == 1
+    assert len(r["batches"]) >= 2, "the inserts were all merged into one batch"
+    grown = r["peak_rss"] - r["baseline_rss"]
+    assert grown <= budget + r["allowance"]
