@@ -40,7 +40,7 @@ from arrangedb.ops.join import (HOWS, check_traces, dictionary_readable, join,
                                 output_schema, prefixed_names)
 from arrangedb.ops.code_totals import CodeTotals, per_array
 from arrangedb.ops.key_partials import KeyPartials
-from arrangedb.ops.match import match_codes, match_keys
+from arrangedb.ops.match import is_range, match_codes, match_keys, range_matches
 from arrangedb.spine import (Block, absolute_codes, batch_part_blocks, count_through,
                               is_absolute, is_constant, part_blocks, ranges, roles)
 
@@ -196,13 +196,18 @@ def _coded_groups(got: list, bb: Block, column: str, name: str) -> pa.Table | No
                    ).to_numpy(zero_copy_only=False)
     null = chunk.is_null().to_numpy(zero_copy_only=False) if chunk.null_count else None
     totals = CodeTotals(chunk.dictionary)
+    dense = is_range(bcodes)   # a dimension's ids: A's matched keys are one slice
     for keys, sums in got:
         kc = absolute_codes(keys.rename_columns(names), names)
         lo = int(np.searchsorted(bcodes, kc[0], side="left"))
         hi = int(np.searchsorted(bcodes, kc[-1], side="right"))
         rc = bcodes[lo:hi]
-        if len(rc) == len(kc) and np.array_equal(kc, rc):   # the same keys
+        if len(rc) == len(kc) and (kc[0] == rc[0] and kc[-1] == rc[-1] if dense
+                                   else np.array_equal(kc, rc)):   # the same keys
             at, cols = slice(lo, hi), sums
+        elif dense and len(rc):
+            (a, b), ri = range_matches(kc, rc)
+            at, cols = ri + lo, per_array(sums, lambda x: x[a:b])
         else:
             li, ri = match_codes(kc, rc)
             at, cols = ri + lo, per_array(sums, lambda x: x[li])

@@ -27,7 +27,7 @@ def match_codes(lc: np.ndarray, rc: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     if len(lc) == 0 or len(rc) == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     if lc.dtype.kind in "iu":
-        if int(rc[-1]) - int(rc[0]) == len(rc) - 1:   # right keys are every id of a range
+        if is_range(rc):   # right keys are every id of a range
             return _match_range(lc, rc)
         if int(lc[-1]) - int(lc[0]) == len(lc) - 1:
             ri, li = _match_range(rc, lc)
@@ -49,9 +49,22 @@ def _match_range(lc: np.ndarray, rc: np.ndarray):
     """``rc`` consecutive integers (a dimension's dense ids): a code of ``lc`` inside
     their range is matched by its offset, found without a table or a search. (Called
     with the sides swapped when the left keys are the range.)"""
+    (a, b), ri = range_matches(lc, rc)
+    return np.arange(a, b, dtype=np.int64), ri
+
+
+def is_range(rc: np.ndarray) -> bool:
+    """``rc`` (sorted, distinct integer codes) is every integer from its first to its last."""
+    return len(rc) > 0 and rc.dtype.kind in "iu" and int(rc[-1]) - int(rc[0]) == len(rc) - 1
+
+
+def range_matches(lc: np.ndarray, rc: np.ndarray) -> tuple[tuple[int, int], np.ndarray]:
+    """For ``rc`` a range (:func:`is_range`) and ``lc`` sorted integer codes: the left
+    keys that match are one slice ``lc[a:b]``, returned as ``(a, b)`` for the caller to
+    slice its arrays by (views, not gathers), with the right positions of those keys."""
     a = int(np.searchsorted(lc, rc[0], side="left"))
     b = int(np.searchsorted(lc, rc[-1], side="right"))
-    return np.arange(a, b, dtype=np.int64), _offsets(lc[a:b], int(rc[0]))
+    return (a, b), _offsets(lc[a:b], int(rc[0]))
 
 
 def _match_dense(lc: np.ndarray, rc: np.ndarray):

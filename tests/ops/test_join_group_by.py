@@ -373,18 +373,25 @@ def test_summed_right_side_with_its_own_key_name(engine, monkeypatch):
     assert bag(got) == bag(want)
 
 
-def test_dimension_codes_counted_piece_by_piece(tmp_path, monkeypatch):
+@pytest.mark.parametrize("step", [2, 1])
+def test_dimension_codes_counted_piece_by_piece(tmp_path, monkeypatch, step):
     """A fact side of several batches, each of several parts, meets every block of a
     dimension as several pieces, with keys on one side only and nulls in the group
     column: each piece's group codes are counted on their own, never concatenated with
-    the other pieces', and the result is DuckDB's."""
+    the other pieces', and the result is DuckDB's. ``step`` 2: even dimension keys, odd
+    fact keys miss; 1: the dimension's keys are a range (matched by offset, the fact's
+    pieces sliced), and one fact batch holds each of its keys once (pieces equal to
+    the dimension's blocks)."""
     rng = np.random.default_rng(11)
     nkeys = 100_000
-    R = pa.table({"k": np.arange(0, 2 * nkeys, 2),   # even keys: odd fact keys miss
+    R = pa.table({"k": np.arange(0, step * nkeys, step),
                   "g": pa.array([None if i % 13 == 0 else f"g{i % 7}" for i in range(nkeys)])})
-    facts = [pa.table({"k": rng.integers(-100, 2 * nkeys + 100, 60_000),
+    facts = [pa.table({"k": rng.integers(-100, step * nkeys + 100, 60_000),
                        "x": np.round(rng.random(60_000) * 100, 2),
                        "i": rng.integers(-50, 50, 60_000)}) for _ in range(3)]
+    if step == 1:
+        facts[2] = pa.table({"k": R.column("k"), "x": np.round(rng.random(nkeys) * 100, 2),
+                             "i": rng.integers(-50, 50, nkeys)})
     aggs = {"n": ("count", None), "sx": ("sum", "x"), "si": ("sum", "i"),
             "ci": ("count", "i")}
     counted = []
