@@ -278,7 +278,7 @@ def _check(benchmark, outs: list[dict], duck: dict, names) -> None:
         missed = {n: r for n, r in ratios.items() if TARGETS[n] and r < TARGETS[n]}
         if missed:   # named, not hidden
             pytest.xfail("below target: " + ", ".join(
-                f"{n} {r:.1f}x (target {TARGETS[n]}x)" for n, r in missed.items()))
+                f"{n} {r:.2f}x (target {TARGETS[n]}x)" for n, r in missed.items()))
 
 
 def _main(system: str, scale: str, workdir: str, names: str = "") -> None:
