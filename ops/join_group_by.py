@@ -202,12 +202,12 @@ def _coded_groups(got: list, bb: Block, column: str, name: str) -> pa.Table | No
         lo = int(np.searchsorted(bcodes, kc[0], side="left"))
         hi = int(np.searchsorted(bcodes, kc[-1], side="right"))
         rc = bcodes[lo:hi]
-        if len(rc) == len(kc) and (kc[0] == rc[0] and kc[-1] == rc[-1] if dense
-                                   else np.array_equal(kc, rc)):   # the same keys
-            at, cols = slice(lo, hi), sums
-        elif dense and len(rc):
+        if dense and len(rc):   # the matched keys are one slice of the piece
             (a, b), ri = range_matches(kc, rc)
-            at, cols = ri + lo, per_array(sums, lambda x: x[a:b])
+            at = slice(lo, hi) if b - a == len(rc) else ri + lo   # all of rc: in order
+            cols = per_array(sums, lambda x: x[a:b])
+        elif len(rc) == len(kc) and np.array_equal(kc, rc):   # the same keys
+            at, cols = slice(lo, hi), sums
         else:
             li, ri = match_codes(kc, rc)
             at, cols = ri + lo, per_array(sums, lambda x: x[li])
