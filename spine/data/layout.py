@@ -155,6 +155,28 @@ def leaf_update_index(bounds: np.ndarray, singleton: bool = False
     return ranges(starts, counts), counts
 
 
+def leaf_totals(bounds: np.ndarray, times: np.ndarray, diffs: np.ndarray,
+                at: int | None = None) -> np.ndarray:
+    """Each leaf's count at ``at``: the sum of its stored diffs whose time is at most
+    ``at`` (a repeated bound's leaf counts the update stored before it). The updates are
+    never expanded to one per logical update: a leaf of at most one stored update counts
+    the last one stored before its end (its own, or the one it repeats), and the few
+    leaves of several are summed by differences of a running sum."""
+    d = diffs.astype(np.int64, copy=False)
+    if at is not None and len(times) and int(times.max()) > at:
+        d = np.where(times <= np.uint64(at), d, 0)
+    if len(bounds) < 2:
+        return np.zeros(0, np.int64)
+    ends = bounds[1:]
+    totals = d[ends - ends.dtype.type(1)]   # every bound past the first is at least 1
+    several = np.flatnonzero(np.diff(bounds) > 1)
+    if len(several):
+        running = np.zeros(len(d) + 1, np.int64)
+        np.cumsum(d, out=running[1:])
+        totals[several] = running[bounds[several + 1]] - running[bounds[several]]
+    return totals
+
+
 def from_layout(part: PartLayout) -> Updates:
     """Expand the layout back into one row per update (the inverse of ``to_layout``)."""
     leaves = part.val_bounds if part.vals is not None else part.key_bounds

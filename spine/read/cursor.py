@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from arrangedb.spine.data.kernels import accumulate, consolidate, filter_times, key_starts
-from arrangedb.spine.data.layout import PartLayout, leaf_update_index, repeat_rows
+from arrangedb.spine.data.layout import PartLayout, leaf_totals, repeat_rows
 from arrangedb.spine.data.codes import codes
 from arrangedb.spine.data.order import fast_argsort
 from arrangedb.spine.storage.dictionaries import dictionary_schema
@@ -232,10 +232,12 @@ def batch_part_blocks(trace, at: int | None = None, dictionary: frozenset = froz
     """One stream of blocks per batch visible at ``at``, each as :func:`part_blocks`
     reads one batch: per part, in key order, straight off the stored layout, and never
     consolidated across batches -- a key may appear in several streams, and a count
-    may be negative (a later batch's retraction). For readers that are linear in the
-    counts (sums per key): they add the streams up instead of paying a k-way merge."""
+    may be negative (a later batch's retraction) or zero (a val whose updates cancel
+    at ``at``, kept: dropping it would copy the part's keys and vals). For readers that
+    are linear in the counts (sums per key): they add the streams up instead of paying a
+    k-way merge."""
     trace.check_read_time(at)
-    return [_batch_blocks(trace.ctx, b, at, dictionary, sums, columns)
+    return [_batch_blocks(trace.ctx, b, at, dictionary, sums, columns, linear=True)
             for b in _visible(trace, at)]
 
 
@@ -243,12 +245,14 @@ def _visible(trace, at) -> list:
     return [b for b in trace.batches() if len(b) and _may_matter(b, at, None, trace.since)]
 
 
-def _batch_blocks(ctx, batch, at, dictionary, sums, columns) -> Iterator[Block]:
+def _batch_blocks(ctx, batch, at, dictionary, sums, columns, linear: bool = False
+                  ) -> Iterator[Block]:
     with ctx.working():
         for part in batch.parts:
             if part.num_updates == 0:
                 continue
-            layout, key_sums, counts = part.summed_layout(dictionary, sums, columns)
+            layout, key_sums, counts = part.summed_layout(dictionary, sums, columns, at,
+                                                          linear)
             if layout is None:   # a resident part: its updates, reserved already
                 upd, starts = part.read(dictionary)
                 try:
@@ -257,7 +261,7 @@ def _batch_blocks(ctx, batch, at, dictionary, sums, columns) -> Iterator[Block]:
                     part.release()
                 nbytes = upd.vals.nbytes if dictionary and upd.vals is not None else 0
             else:
-                block = _layout_block(layout, at, key_sums, counts)
+                block = _layout_block(layout, at, key_sums, counts, linear)
                 nbytes = (_layout_bytes(layout) + sum(x.nbytes for x in key_sums.values())
                           + (0 if counts is None else counts.nbytes))
             ctx.reserve(nbytes, "decoded part")
@@ -282,19 +286,20 @@ def _empty_block(keys: pa.Table, vals: pa.Table | None) -> Block:
 
 
 def _layout_block(layout: PartLayout, at: int | None, key_sums: dict | None = None,
-                  counts: np.ndarray | None = None) -> Block:
-    """A part's layout as a Block at ``at``: each leaf's updates summed, zeros dropped.
-    ``key_sums`` and ``counts``: as :meth:`Part.summed_layout` gives them (with
-    ``counts``, the updates share one time, each leaf's count is given, the sums weigh
-    each value by it; without, they come only under one stored (time, diff))."""
+                  counts: np.ndarray | None = None, linear: bool = False) -> Block:
+    """A part's layout as a Block at ``at``: each leaf's updates summed, zeros dropped
+    (kept when ``linear``: its reader only sums counts). ``key_sums`` and ``counts``: as
+    :meth:`Part.summed_layout` gives them (with ``counts``, each leaf's count at ``at``
+    is given and the sums weigh each value by it; without, they come only under one
+    stored (time, diff))."""
     keys, vals = layout.keys, layout.vals
     if vals is None:
         bounds = np.arange(keys.num_rows + 1, dtype=np.int64)
     else:
         bounds = layout.key_bounds.astype(np.int64)
     n_leaves = int(bounds[-1])   # vals may hold no column (all summed, see part_blocks)
-    if counts is not None:   # one time, each leaf one update of the count given
-        if at is not None and int(layout.times[0]) > at:
+    if counts is not None:   # each leaf's count given (visible at ``at``, see summed_layout)
+        if at is not None and int(layout.times.min()) > at:
             return _empty_block(keys, vals)
         return Block(keys, bounds, vals, counts, weighted_sums=key_sums or None)
     if len(layout.times) == 1:
@@ -305,18 +310,9 @@ def _layout_block(layout: PartLayout, at: int | None, key_sums: dict | None = No
             return _empty_block(keys, vals)
         return Block(keys, bounds, vals, counts, key_sums=key_sums or None)
     leaves = layout.val_bounds if vals is not None else layout.key_bounds
-    idx, per_leaf = leaf_update_index(leaves)
-    times = layout.times if idx is None else layout.times[idx]
-    diffs = layout.diffs if idx is None else layout.diffs[idx]
-    if at is not None and len(times) and int(times.max()) > at:
-        diffs = np.where(times <= np.uint64(at), diffs, 0)
-    if len(per_leaf) == len(diffs):
-        counts = diffs.astype(np.int64, copy=False)
-    else:
-        first = np.cumsum(per_leaf) - per_leaf
-        counts = np.add.reduceat(diffs.astype(np.int64, copy=False), first)
+    counts = leaf_totals(leaves, layout.times, layout.diffs, at)
     keep = counts != 0
-    if keep.all():
+    if linear or keep.all():
         return Block(keys, bounds, vals, counts)
     # some (key, val) accumulate to zero at ``at``: drop them, and keys left with none
     kept_before = np.zeros(n_leaves + 1, np.int64)

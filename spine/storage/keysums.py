@@ -36,6 +36,33 @@ def leaf_counts(val_bounds: np.ndarray, diffs: np.ndarray) -> np.ndarray | None:
     return (diffs if idx is None else diffs[idx]).astype(np.int64)
 
 
+def run_counts(group: dict, diffs: np.ndarray) -> np.ndarray | None:
+    """Each leaf's count in a part whose updates share one time, from its leaf bounds
+    stored as runs (``offsets``' metadata, no bytes): a run of steps of 1 stores one
+    update per leaf, a run of 0 repeats the last one stored. None when the bounds are
+    stored otherwise, or a leaf holds several updates."""
+    meta = group.get("meta") or {}
+    if group.get("codec") != "offsets" or meta.get("form") != "runs" or meta.get("first") != 0:
+        return None
+    steps, lengths = meta.get("deltas") or [], meta.get("counts") or []
+    if len(steps) != len(lengths) or any(d not in (0, 1) or c < 0 for d, c in zip(steps, lengths)):
+        return None
+    out = np.empty(sum(lengths), np.int64)
+    leaf = stored = 0
+    for step, length in zip(steps, lengths):   # the few runs of the metadata
+        if step:
+            if stored + length > len(diffs):
+                return None
+            out[leaf:leaf + length] = diffs[stored:stored + length]
+            stored += length
+        elif length:
+            if stored == 0:
+                return None
+            out[leaf:leaf + length] = diffs[stored - 1]
+        leaf += length
+    return out if stored == len(diffs) else None
+
+
 def usual_count(counts: np.ndarray) -> tuple[int, np.ndarray] | None:
     """The count most leaves have, and the leaves counted otherwise; None when those are
     not few (more than an eighth): weighing every value is then as cheap."""

@@ -14,11 +14,12 @@ import pyarrow as pa
 from arrangedb.codecs import (CodecError, decode, decode_dictionary, decodes_fresh, encoded_length,
                               segment_sums, take, take_dictionary, zstd_blocks)
 from arrangedb.codecs.base import lookup
-from arrangedb.spine.data.layout import PartLayout
+from arrangedb.spine.data.layout import PartLayout, leaf_totals
 from arrangedb.spine.data.updates import Updates, all_equal
 from arrangedb.spine.storage.dictionaries import as_dictionary, dictionary_schema
-from arrangedb.spine.storage.keysums import leaf_counts, usual_count, weigh, weighable
-from arrangedb.spine.storage.part import FIELDS, Part, expand
+from arrangedb.spine.storage.keysums import (leaf_counts, run_counts, usual_count, weigh,
+                                              weighable)
+from arrangedb.spine.storage.part import FIELDS, Part, expand, min_total
 
 def decode_column(pagefile, group: dict, cache=None, dictionary: bool = False):
     """Decode one column of a part, copying its bytes out of the mapping first.
@@ -135,7 +136,8 @@ class PagedPart(Part):
         return self.summed_layout(dictionary)[0]
 
     def summed_layout(self, dictionary: frozenset = frozenset(), sums: frozenset = frozenset(),
-                      columns: frozenset | None = None
+                      columns: frozenset | None = None, at: int | None = None,
+                      linear: bool = False
                       ) -> tuple[PartLayout, dict, np.ndarray | None]:
         val_schema = self.schemas[1]
         names = [] if val_schema is None else [
@@ -143,12 +145,16 @@ class PagedPart(Part):
         key_sums, counts = {}, None
         try:
             cols = self._stored_updates()
+            times = cols["times"]
             # under one stored (time, diff) the leaf bounds say nothing: not even decoded
-            singleton = len(cols["times"]) == 1
-            one_time = (bool(sums) and val_schema is not None and len(cols["times"]) > 1
-                        and all_equal(cols["times"]))
-            if one_time:   # leaf counts straight from the bounds' runs, when stored so
-                counts = _run_counts(self.columns["val_bounds"][0], cols["diffs"])
+            singleton = len(times) == 1
+            one_time = not singleton and all_equal(times)
+            # a linear reader takes each val's total over times all visible at ``at``
+            totals = (linear and not singleton and not one_time
+                      and (at is None or int(times.max()) <= at))
+            weighed = bool(sums) and val_schema is not None and (one_time or totals)
+            if weighed and one_time:   # leaf counts straight from the bounds' runs
+                counts = run_counts(self.columns["val_bounds"][0], cols["diffs"])
             keyed = not singleton or val_schema is not None
             rest = ("keys",) + (("key_bounds",) if keyed else ()) + \
                 (() if singleton or counts is not None else ("val_bounds",))
@@ -157,9 +163,10 @@ class PagedPart(Part):
                 key_sums = self._stored_sums(sums, len(cols["key_bounds"]) - 1)
                 key_sums.update(self._key_sums(sums - key_sums.keys(), cols["key_bounds"]))
                 names = [f for f in names if f not in key_sums]
-            elif one_time:
+            elif weighed:
                 if counts is None:
-                    counts = leaf_counts(cols["val_bounds"], cols["diffs"])
+                    counts = (leaf_counts(cols["val_bounds"], cols["diffs"]) if one_time
+                              else leaf_totals(cols["val_bounds"], times, cols["diffs"]))
                 if counts is not None and len(counts) != int(cols["key_bounds"][-1]):
                     raise CodecError(f"corrupt part in {self.pagefile.path}: its leaf bounds "
                                      f"count {len(counts)} vals, its key bounds "
@@ -193,6 +200,17 @@ class PagedPart(Part):
         finally:
             self.release()
         return int(diffs.min()) if len(diffs) else 1
+
+    def min_total(self) -> int:
+        try:
+            cols = self._decode(("times", "diffs"), None)
+            if len(cols["diffs"]) > 1 and cols["diffs"].min() < 0:   # else bounds unneeded
+                leaves = "val_bounds" if self.schemas[1] is not None else "key_bounds"
+                cols[leaves] = self._decode((leaves,), None)[leaves]
+                return min_total(cols[leaves], cols["times"], cols["diffs"])
+        finally:
+            self.release()
+        return min_total(None, cols["times"], cols["diffs"])
 
     def _key_sums(self, sums: frozenset, key_bounds: np.ndarray) -> dict[str, np.ndarray]:
         """Per-key sums of the ``sums`` columns whose encoding can sum its runs, summed
@@ -315,33 +333,6 @@ class PagedPart(Part):
     def release(self) -> None:
         self.pagefile.release_all([r for groups in self.columns.values() for group in groups
                                    for r in group["regions"]])
-
-
-def _run_counts(group: dict, diffs: np.ndarray) -> np.ndarray | None:
-    """Each leaf's count in a part whose updates share one time, from its leaf bounds
-    stored as runs (``offsets``' metadata, no bytes): a run of steps of 1 stores one
-    update per leaf, a run of 0 repeats the last one stored. None when the bounds are
-    stored otherwise, or a leaf holds several updates."""
-    meta = group.get("meta") or {}
-    if group.get("codec") != "offsets" or meta.get("form") != "runs" or meta.get("first") != 0:
-        return None
-    steps, lengths = meta.get("deltas") or [], meta.get("counts") or []
-    if len(steps) != len(lengths) or any(d not in (0, 1) or c < 0 for d, c in zip(steps, lengths)):
-        return None
-    out = np.empty(sum(lengths), np.int64)
-    leaf = stored = 0
-    for step, length in zip(steps, lengths):   # the few runs of the metadata
-        if step:
-            if stored + length > len(diffs):
-                return None
-            out[leaf:leaf + length] = diffs[stored:stored + length]
-            stored += length
-        elif length:
-            if stored == 0:
-                return None
-            out[leaf:leaf + length] = diffs[stored - 1]
-        leaf += length
-    return out if stored == len(diffs) else None
 
 
 def _table(columns: list | None, schema: pa.Schema) -> pa.Table:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.spine.data.layout import PartLayout, expand_singleton, from_layout
+from arrangedb.spine.data.layout import PartLayout, expand_singleton, from_layout, leaf_totals
 from arrangedb.spine.data.updates import Updates
 from arrangedb.spine.storage.dictionaries import with_dictionaries
 
@@ -139,7 +139,8 @@ class Part:
         return self._coded_layout(dictionary)
 
     def summed_layout(self, dictionary: frozenset = frozenset(), sums: frozenset = frozenset(),
-                      columns: frozenset | None = None
+                      columns: frozenset | None = None, at: int | None = None,
+                      linear: bool = False
                       ) -> tuple[PartLayout | None, dict, np.ndarray | None]:
         """:meth:`stored_layout`, with the val columns named in ``sums`` summed per key
         rather than decoded where the part allows it: ``(layout, {column: per-key sums},
@@ -150,14 +151,25 @@ class Part:
         update of it: the sums are then unweighted, each row counting that diff. Or when
         its updates share one time and only a few count otherwise than the rest: the
         sums are then of value x count, and ``counts`` holds each val's count (its leaf
-        bounds may then be absent). The layout lacks a column summed. ``columns``: the
-        other val columns the reader needs (None: all); the layout may hold more."""
+        bounds may then be absent). With ``linear`` (a reader that only sums counts, and
+        takes a zero), also when its updates span several times, all visible at ``at``:
+        ``counts`` then holds each val's total, zero where its updates cancel. The
+        layout lacks a column summed. ``columns``: the other val columns the reader
+        needs (None: all); the layout may hold more."""
         return self.stored_layout(dictionary), {}, None
 
     def min_diff(self) -> int:
         """The smallest diff stored in the part (1 when it holds none)."""
         diffs = self.layout().diffs
         return int(diffs.min()) if len(diffs) else 1
+
+    def min_total(self) -> int:
+        """The smallest count a (key, val) of the part totals over all its updates (1
+        when it holds none): below zero only where the part's own updates leave a row
+        retracted more often than inserted."""
+        layout = self.layout()
+        return min_total(layout.val_bounds if layout.vals is not None else layout.key_bounds,
+                          layout.times, layout.diffs)
 
     def _coded_layout(self, dictionary: frozenset) -> PartLayout:
         layout = self.layout()
@@ -175,3 +187,12 @@ class MemoryPart(Part):
 
     def layout(self) -> PartLayout:
         return self.data
+
+
+def min_total(leaf_bounds, times: np.ndarray, diffs: np.ndarray) -> int:
+    """The smallest leaf total of stored updates (:meth:`Part.min_total`)."""
+    if not len(diffs):
+        return 1
+    if len(diffs) == 1 or diffs.min() >= 0:
+        return int(diffs.min())   # (a sum of nonnegative diffs is no smaller)
+    return int(leaf_totals(leaf_bounds, times, diffs).min())

@@ -808,6 +808,34 @@ def test_a_val_column_of_only_nulls_is_stored_sorted_and_read_back(tmp_path):
         assert t.snapshot().read_all()["count"].to_pylist() == [1, 1, 1]
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 2), st.integers(0, 3),
+                          st.integers(-2, 2)), max_size=60),
+       st.booleans(), st.one_of(st.none(), st.integers(0, 3)))
+def test_leaf_totals_sum_each_leafs_visible_updates(rows, key_only, at):
+    """Against the layout expanded back to one row per update (``from_layout``): each
+    leaf's total is the sum of its diffs at times up to ``at``, whatever the singleton
+    compression stored."""
+    from arrangedb.spine.data.layout import leaf_totals
+
+    upd = consolidate(Updates(pa.table({"k": [r[0] for r in rows]}),
+                              None if key_only else pa.table({"v": [r[1] for r in rows]}),
+                              np.array([r[2] for r in rows], np.uint64),
+                              np.array([r[3] for r in rows], np.int64)))
+    if len(upd) == 0:
+        return
+    layout = to_layout(upd)
+    leaves = layout.key_bounds if key_only else layout.val_bounds
+    got = leaf_totals(leaves, layout.times, layout.diffs, at)
+    back = from_layout(layout)
+    model = {}
+    for i, k in enumerate(back.keys.column("k").to_pylist()):
+        leaf = (k,) if key_only else (k, back.vals.column("v")[i].as_py())
+        visible = at is None or int(back.times[i]) <= at
+        model[leaf] = model.get(leaf, 0) + (int(back.diffs[i]) if visible else 0)
+    assert got.tolist() == list(model.values())   # leaves in key, val order, as stored
+
+
 def test_leaf_update_index_of_single_update_leaves_is_their_starts():
     """Leaves of one stored update, or sharing the one before (a run of equal (time,
     diff) pairs stored once): the index is each leaf's own start; the general path
