@@ -30,6 +30,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from arrangedb.ops.aggregate import LIMB_SEP, carried, check_aggs, weigh_limbs
 from arrangedb.ops.common import DEFAULT_BATCH_ROWS, check_batch_rows, check_time
@@ -42,7 +43,8 @@ from arrangedb.ops.code_totals import CodeTotals, per_array
 from arrangedb.ops.key_partials import KeyPartials
 from arrangedb.ops.match import is_range, match_codes, match_keys, range_matches
 from arrangedb.spine import (Block, absolute_codes, batch_part_blocks, count_through,
-                              is_absolute, is_constant, part_blocks, ranges, roles)
+                              is_absolute, is_constant, nonnegative_at, part_blocks, ranges,
+                              roles)
 
 LINEAR = ("count", "sum", "mean")
 
@@ -100,17 +102,17 @@ def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: Partials,
     to its last key, gathered across A's parts (a B block of a dimension spans many of a
     fact side's parts: one match and one grouping per block, not per A part).
 
-    When no batch of A retracts anything (the runs an ``arrange`` or inserts of new rows
-    leave), A's batches are read side by side, each straight off its stored layout, and
-    never merged: the partials are linear in the counts, so a key found in several
-    batches adds up in the grouping, and reading the unmerged trace costs what reading
-    a merged one does. Retractions must meet what they retract before a row is known to
-    be gone (its valid values decide whether a sum is null), so then A is read merged."""
+    With ``key_partials.linear`` (no row of A counts below zero), A's batches are read side by side,
+    each straight off its stored layout, and never merged: the partials are linear in
+    the counts, so a key found in several batches adds up in the grouping, and reading
+    the unmerged trace costs what reading a merged one does. Otherwise A is read merged:
+    a row's multiplicity may be negative, and whether it is present -- which decides
+    whether a group exists and whether a sum is null -- needs its consolidated count."""
     by_b = [where[b][1] for b in by if where[b][0] == b_side]
     # read as codes where it can be: a block's codes group by bincount
     dictionary = frozenset(c for c in by_b
                            if dictionary_readable(b_trace.val_schema.field(c).type))
-    if all(b.nonnegative() for b in a_trace.batches()):
+    if key_partials.linear:
         a_gens = batch_part_blocks(a_trace, at, sums=key_partials.sums,
                                    columns=key_partials.columns)
     else:
@@ -340,12 +342,39 @@ def join_group_by(left, right, by, aggs: dict, at: int | None = None, how: str =
         return group_by(join(left, right, at=at, how=how, batch_rows=batch_rows), by, aggs,
                         weight="count", engine=engine, batch_rows=batch_rows)
     where = _sides(left, right)
-    partials = Partials(by, aggs, partial_names(aggs), schema, "count")
-    column_of = {out: name for out, (s, name) in where.items() if s == side}
     a_trace, b_trace = (left, right) if side == 0 else (right, left)
+    linear = nonnegative_at(a_trace, at)
+    # read linearly, a group whose rows were all retracted sums to zero rows: counted,
+    # and dropped
+    rows = next((n for n, (fn, c) in aggs.items() if fn == "count" and c is None), None)
+    counted = aggs if rows is not None or not linear else {**aggs, ROWS: ("count", None)}
+    partials = Partials(by, counted, partial_names(counted), schema, "count")
+    column_of = {out: name for out, (s, name) in where.items() if s == side}
+    key_partials = KeyPartials(counted, partials.plan, column_of, partials.decimal_sums, linear)
     stream = pa.RecordBatchReader.from_batches(
         roles.with_engine(partials.partial_schema(), left.ctx.engine_id),
-        _fused(a_trace, b_trace, at, by, where, partials,
-               KeyPartials(aggs, partials.plan, column_of, partials.decimal_sums), 1 - side))
-    return group_by(stream, by, aggs, engine=engine, batch_rows=batch_rows, phase="final",
-                    source_schema=schema)
+        _fused(a_trace, b_trace, at, by, where, partials, key_partials, 1 - side))
+    grouped = group_by(stream, by, counted, engine=engine, batch_rows=batch_rows,
+                       phase="final", source_schema=schema)
+    return _present(grouped, rows or ROWS, [*by, *aggs]) if linear else grouped
+
+
+ROWS = "__rows"   # the count of rows per group, when no aggregate counts them
+
+
+
+
+def _present(grouped: pa.RecordBatchReader, rows: str, names: list[str]
+             ) -> pa.RecordBatchReader:
+    """The groups with rows, in the columns ``names``: A's batches are summed as they
+    are, so a group whose rows were all retracted comes out of them with zero rows."""
+    schema = pa.schema([grouped.schema.field(n) for n in names],
+                       metadata=grouped.schema.metadata)
+
+    def batches():
+        for batch in grouped:
+            kept = batch.filter(pc.not_equal(batch.column(rows), 0))
+            if kept.num_rows:
+                yield pa.RecordBatch.from_arrays([kept.column(n) for n in names],
+                                                 schema=schema)
+    return pa.RecordBatchReader.from_batches(schema, batches())

@@ -14,12 +14,17 @@ from arrangedb.spine import Block, is_constant
 
 class KeyPartials:
     """Per key of an A block, the sums each partial needs: ``n`` (count-weighted rows,
-    or valid values), ``s`` (count-weighted values) and ``v`` (valid rows, unweighted:
-    a sum over no non-null value is null). A decimal column's ``s`` comes as the limbs of
-    its exact sums (``s#0``, ``s#1``...: see :mod:`arrangedb.ops.aggregate`)."""
+    or valid values), ``s`` (count-weighted values) and ``v`` (valid rows: a sum over no
+    non-null value is null). ``v`` counts each row once, as the rows of a consolidated
+    read are; ``linear``: weighted by the counts, as ``n`` is, so that every partial is
+    linear in them -- for blocks of batches read side by side, whose counts may be zero
+    or negative (a later batch's retraction) and add up across the batches. A decimal
+    column's ``s`` comes as the limbs of its exact sums (``s#0``, ``s#1``...: see :mod:`arrangedb.ops.aggregate`)."""
 
-    def __init__(self, aggs: dict, plan: dict, column_of: dict, decimal_sums=()):
+    def __init__(self, aggs: dict, plan: dict, column_of: dict, decimal_sums=(),
+                 linear: bool = False):
         self.aggs, self.plan, self.column_of = aggs, plan, column_of
+        self.linear = linear
         self.decimal_sums = frozenset(decimal_sums)   # the partials of decimal sums
         cols = [(fn, column_of[c]) for fn, c in aggs.values() if c is not None]
         self.columns = frozenset(c for _, c in cols)   # the A columns read
@@ -31,7 +36,7 @@ class KeyPartials:
         counts = block.counts
         # Counts are mostly one value (each stored row once): sum the values per key and
         # correct for the few rows counted otherwise, instead of weighing every row
-        unit = int(counts[0]) if len(counts) else 1
+        unit = int(counts[0]) if len(counts) and counts[0] != 0 else 1
         odd = None if is_constant(counts) else np.flatnonzero(counts != unit)
         if odd is not None and len(odd) > len(counts) // 8:
             odd, unit = None, None   # not few: weigh every row
@@ -57,6 +62,7 @@ class KeyPartials:
             n_rows = rows * unit
             if odd_key is not None:
                 np.add.at(n_rows, odd_key, counts[odd] - unit)
+        valid_rows = n_rows if self.linear else rows   # (no nulls)
         summed = block.key_sums or {}
         weighted_sums = block.weighted_sums or {}
         out = {}
@@ -65,7 +71,7 @@ class KeyPartials:
                 # summed on its encoding, weighted by the counts: no nulls, no decimal
                 s = weighted_sums[self.column_of[col]]
                 for pname, kind in self.plan[name]:
-                    out[pname] = n_rows if kind == "n" else rows if kind == "v" else s
+                    out[pname] = n_rows if kind == "n" else valid_rows if kind == "v" else s
                 continue
             if col is not None and self.column_of[col] in summed:
                 # summed on its encoding: no nulls, every row counted ``unit`` times
@@ -75,7 +81,7 @@ class KeyPartials:
                         limbs = int_limbs(s) if unit == 1 else weigh_limbs(int_limbs(s), unit)
                         out.update((f"{pname}{LIMB_SEP}{i}", x) for i, x in enumerate(limbs))
                         continue
-                    out[pname] = (n_rows if kind == "n" else rows if kind == "v"
+                    out[pname] = (n_rows if kind == "n" else valid_rows if kind == "v"
                                   else s if unit == 1 else s * unit)
                 continue
             arr = None
@@ -87,8 +93,11 @@ class KeyPartials:
             for pname, kind in self.plan[name]:
                 if kind == "n":
                     out[pname] = n_rows if valid is None else weighted(valid.astype(np.int64))
+                elif kind == "v" and valid is None:
+                    out[pname] = valid_rows
                 elif kind == "v":
-                    out[pname] = rows if valid is None else per_key(valid.astype(np.int64))
+                    valid = valid.astype(np.int64)
+                    out[pname] = weighted(valid) if self.linear else per_key(valid)
                 elif pname in self.decimal_sums:   # exact: limbs of the unscaled integers
                     ones = unit == 1 and odd_key is None
                     out.update((f"{pname}{LIMB_SEP}{i}", per_key(x)) for i, x in

@@ -19,6 +19,7 @@ from arrangedb.spine.data.order import sort_rows
 from arrangedb.spine.data.updates import Updates, is_constant
 from arrangedb.spine.read.cursor import (Block, batch_part_blocks, blocks, co_blocks,
                                          part_blocks)
+from arrangedb.spine.read.signs import nonnegative_at
 from arrangedb.spine.storage.dictionaries import dictionary_schema
 from arrangedb.spine.build.exertion import together
 from arrangedb.spine.handle import TraceHandle
@@ -29,6 +30,6 @@ __all__ = [
     "Block", "Columns", "Engine", "SchemaError", "Trace", "TraceHandle", "Updates",
     "absolute_codes", "is_absolute",
     "batch_part_blocks", "blocks", "co_blocks", "codes", "consolidate", "count_through",
-    "dictionary_schema", "engine_for", "is_constant", "open_batches", "part_blocks", "ranges", "roles",
+    "dictionary_schema", "engine_for", "is_constant", "nonnegative_at", "open_batches", "part_blocks", "ranges", "roles",
     "sort_rows", "together",
 ]

@@ -76,6 +76,7 @@ class Spine:
     levels: list[Level | None] = field(default_factory=list)
     pending: list[Batch] = field(default_factory=list)
     _published: tuple = ()              # the batches of the last committed version
+    version: int = 0                    # committed changes so far (readers key caches on it)
     _depth: int = 0                     # transactions open (nested calls join the outer)
 
     # -- reading -------------------------------------------------------------------
@@ -110,6 +111,7 @@ class Spine:
         finally:
             self._depth -= 1
         self._published = self._current()
+        self.version += 1
 
     def _merger(self, lvl: Level) -> Merger:
         if lvl.merger is None:

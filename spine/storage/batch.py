@@ -29,6 +29,7 @@ class Batch:
         self._finalizer = None
         self._on_drop = None
         self._nonnegative = None
+        self._nonnegative_totals = None
         self._first_keys = None
         # (directory, manifest entries) of the checkpoint files holding these updates
         self.checkpointed: tuple[str, list[dict]] | None = None
@@ -47,6 +48,20 @@ class Batch:
         if self._nonnegative is None:
             self._nonnegative = all(p.min_diff() >= 0 for p in self.parts)
         return self._nonnegative
+
+    def nonnegative_at(self, at: int | None) -> bool:
+        """Whether no (key, val) of the batch accumulates to a negative count at ``at``:
+        what a reader summing batches side by side needs to know that a count is a
+        row's multiplicity. Retractions that cancel what the batch itself inserted (a
+        merge of inserts and their later retractions) leave it so; found once, and only
+        answered for times that see every update of the batch (False before)."""
+        if self.nonnegative():
+            return True
+        if at is not None and at < self.description.upper - 1:
+            return False
+        if self._nonnegative_totals is None:
+            self._nonnegative_totals = all(p.min_total() >= 0 for p in self.parts)
+        return self._nonnegative_totals
 
     def first_keys(self) -> pa.Table:
         """Each part's first key, a row per part: found once (a batch's keys never
