@@ -63,9 +63,10 @@ def _negative_keys(batch, at: int | None) -> pa.Table:
         totals = leaf_totals(layout.val_bounds if keyed else layout.key_bounds,
                              layout.times, layout.diffs, at)
         negative = np.flatnonzero(totals < 0)
-        if keyed and len(negative):
-            bounds = np.asarray(layout.key_bounds, np.int64)
-            negative = np.unique(np.searchsorted(bounds, negative, side="right") - 1)
+        if keyed and len(negative):   # each row's key, once (the rows are in key order)
+            owner = np.searchsorted(np.asarray(layout.key_bounds, np.int64), negative,
+                                    side="right") - 1
+            negative = owner[np.concatenate([[True], owner[1:] != owner[:-1]])]
         if len(negative):
             tables.append(layout.keys.take(pa.array(negative)))
     return pa.concat_tables(tables) if tables else batch.parts[0].layout().keys.slice(0, 0)
