@@ -31,11 +31,10 @@ _found: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # trace -> (ve
 def nonnegative_at(trace, at: int | None = None) -> bool:
     """Whether no row of ``trace`` accumulates to a negative count at ``at``."""
     trace.check_read_time(at)
-    batches = [b for b in trace.batches() if len(b)]
-    doubtful = [b for b in batches if not b.nonnegative_at(at)]
+    version = trace.spine.version   # before the batches: a commit between makes it stale
+    doubtful = [b for b in trace.batches() if len(b) and not b.nonnegative_at(at)]
     if not doubtful:
         return True
-    version = trace.spine.version
     kept = _found.get(trace)
     if kept is not None and kept[:2] == (version, at):
         return kept[2]

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from arrangedb.codecs import Encoded, choose_codec, encode, segment_sums
-from arrangedb.spine.data.layout import PartLayout
+from arrangedb.spine.data.layout import PartLayout, leaf_totals
 from arrangedb.spine.data.updates import all_equal
 from arrangedb.spine.storage.keysums import (KEY_SUMS_FROM, leaf_counts, usual_count,
                                               weigh, weighable)
@@ -65,7 +65,8 @@ def _encode_group(writer, prefix: str, values, codec: str,
 
 class _KeySums:
     """The key sums a part being written stores (:mod:`.keysums`): plain under one
-    stored (time, diff), weighed by the leaf counts under one time."""
+    stored (time, diff), else weighed by each leaf's count once all its updates are in
+    (under several times, what a reader at or after the part's last time sees)."""
 
     def __init__(self, layout: PartLayout, weights: tuple | None):
         self.key_bounds = layout.key_bounds
@@ -75,12 +76,13 @@ class _KeySums:
     @classmethod
     def of(cls, layout: PartLayout) -> "_KeySums | None":
         """None when the part stores none."""
-        if layout.vals is None or not all_equal(layout.times) \
+        if layout.vals is None \
                 or layout.keys.num_rows * KEY_SUMS_FROM > int(layout.key_bounds[-1]):
             return None
         if len(layout.times) == 1:
             return cls(layout, None)
-        counts = leaf_counts(layout.val_bounds, layout.diffs)
+        counts = (leaf_counts(layout.val_bounds, layout.diffs) if all_equal(layout.times)
+                  else leaf_totals(layout.val_bounds, layout.times, layout.diffs))
         usual = None if counts is None else usual_count(counts)
         return None if usual is None else cls(layout, (counts, *usual))
 

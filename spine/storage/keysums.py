@@ -6,7 +6,9 @@ val counts alike, and the sums are plain (each key's values, which the reader we
 that one diff). When a few vals count otherwise (a consolidated join output counts some
 rows twice), the plain sums are weighed by the usual count and corrected at the few odd
 rows (taken from the encoding as a part is read, from the column as it is written):
-sums of value x count.
+sums of value x count. A part of several times (inserts merged with their later
+retractions) is summed so too, each val weighed by its total over all its updates:
+sums for a reader at or after the part's last time, who alone asks for them.
 
 A part whose keys hold ``KEY_SUMS_FROM`` vals or more on average stores these sums as it
 is written (``p<index>/key_sums/<column>``, see :mod:`.encode`), and a read takes them

@@ -153,3 +153,36 @@ def test_the_sign_is_found_again_after_each_write(tmp_path):
         lt.insert(retract.set_column(2, "t", pa.array([2], pa.uint64())), time="t", diff="d")
         assert not nonnegative_at(lt)
         assert nonnegative_at(lt, at=1)
+
+
+def test_a_merged_delta_stores_its_key_sums_weighed_by_each_rows_total(tmp_path, monkeypatch):
+    """Inserts merged with their retractions: a part of two times stores each key's sum
+    of value x total, which a read at the latest time takes; a read before the delta
+    sums the rows visible then."""
+    rng = np.random.default_rng(5)
+    n, nkeys = 20_000, 2_000
+    L = pa.table({"k": rng.integers(0, nkeys, n), "x": rng.integers(0, 10_000, n),
+                  "id": np.arange(n)})
+    R = pa.table({"k": np.arange(nkeys), "g": pa.array([f"g{i % 3}" for i in range(nkeys)])})
+    gone = L.filter(pa.array(rng.random(n) < 0.05))
+    new = gone.set_column(1, "x", pc.add(gone["x"], 7))
+    after = pa.concat_tables([L.filter(pc.invert(pc.is_in(L["id"], gone["id"]))), new])
+    aggs = {k: AGGS[k] for k in ("n", "s")}
+    with adb.Engine(spill_dir=tmp_path, memory_budget="16MiB", idle_merge=False) as e:
+        lt = e.arrange(L, key=["k"], vals=["x", "id"], name="L")
+        rt = e.arrange(R, key=["k"], vals=["g"], name="R")
+        lt.insert(pa.concat_tables([_updates(gone, 1, -1), _updates(new, 1, 1)]),
+                  time="t", diff="d")
+        lt.merge_all()
+        parts = lt.batches()[0].parts
+        assert all(len(p.layout().times) > 1 for p in parts)
+        assert any(g["field"] == "x" for p in parts for g in p.columns.get("key_sums", ()))
+        with monkeypatch.context() as m:
+            _linear_only(m)
+            got = adb.join_group_by(lt, rt, by="g", aggs=aggs, engine=e).read_all()
+            before = adb.join_group_by(lt, rt, by="g", aggs=aggs, at=0, engine=e).read_all()
+    q = "select g, count(*) n, cast(sum(x) as bigint) s from L join R using (k) group by g"
+    for table, data in ((got, after), (before, L)):
+        want = sql(q, L=data, R=R).sort_by("g")
+        table = table.sort_by("g")
+        assert table.select(["n", "s"]).to_pylist() == want.select(["n", "s"]).to_pylist()
