@@ -25,11 +25,27 @@ import pyarrow as pa
 from arrangedb.spine.data.layout import leaf_totals
 from arrangedb.spine.read.lookup import lookup
 
+CHUNK_KEYS = 1 << 15
+"""Keys looked up at once, at most: each key's rows in every batch are held together to
+be consolidated, so a delta over 200k keys of a 40M-row trace is checked a slice of
+keys at a time (one lookup of all of them held ~2.4M rows and their sort, 0.6 GB)."""
+BUDGET_PER_KEY = 4096
+"""Bytes of budget per key looked up at once (128 MiB: 32k keys), a quarter of them
+reserved while a slice is consolidated: under RSS pressure the reservation hands back
+what the allocators keep of the slices before."""
+
+DOUBTFUL_SHARE = 16
+ALWAYS_CHECKED = 1 << 16
+"""Batches of negative rows are checked while they hold at most 1/16 of the trace's
+updates (a delta), or few updates: the lookups cost in proportion to their keys, and
+reading a trace merged costs in proportion to all of it. Beyond, the answer is no."""
+
 _found: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # trace -> (version, at, sign)
 
 
 def nonnegative_at(trace, at: int | None = None) -> bool:
-    """Whether no row of ``trace`` accumulates to a negative count at ``at``."""
+    """Whether no row of ``trace`` accumulates to a negative count at ``at``; False
+    also when finding out would cost more than a merged read (``DOUBTFUL_SHARE``)."""
     trace.check_read_time(at)
     version = trace.spine.version   # before the batches: a commit between makes it stale
     doubtful = [b for b in trace.batches() if len(b) and not b.nonnegative_at(at)]
@@ -38,13 +54,31 @@ def nonnegative_at(trace, at: int | None = None) -> bool:
     kept = _found.get(trace)
     if kept is not None and kept[:2] == (version, at):
         return kept[2]
-    keys = [k for k in (_negative_keys(b, at) for b in doubtful) if k.num_rows]
-    sign = True
-    if keys:
-        got = lookup(trace, pa.concat_tables(keys), at)
-        sign = got.num_rows == 0 or int(np.min(got.column("count").to_numpy())) >= 0
+    n = sum(len(b) for b in doubtful)
+    if n > ALWAYS_CHECKED and n * DOUBTFUL_SHARE > sum(len(b) for b in trace.batches()):
+        return False   # not a small delta: a merged read is cheaper than looking it up
+    budget = trace.ctx.budget
+    chunk = CHUNK_KEYS if budget is None else max(256, min(CHUNK_KEYS,
+                                                           budget.limit // BUDGET_PER_KEY))
+    # batch by batch, whose negative rows' keys come distinct and in key order: a slice
+    # of them reads few parts of every batch (keys two batches share are read twice)
+    sign = all(_counted_nonnegative(trace, _negative_keys(b, at), at, chunk)
+               for b in doubtful)
     _found[trace] = (version, at, sign)
     return sign
+
+
+def _counted_nonnegative(trace, keys: pa.Table, at: int | None, chunk: int) -> bool:
+    """Whether every row of ``keys`` counts at least zero in ``trace`` at ``at``."""
+    for start in range(0, keys.num_rows, chunk):
+        trace.ctx.reserve(chunk * BUDGET_PER_KEY // 4, "sign check")
+        try:
+            got = lookup(trace, keys.slice(start, chunk), at)
+        finally:
+            trace.ctx.release(chunk * BUDGET_PER_KEY // 4)
+        if got.num_rows and int(np.min(got.column("count").to_numpy())) < 0:
+            return False
+    return True
 
 
 def _negative_keys(batch, at: int | None) -> pa.Table:

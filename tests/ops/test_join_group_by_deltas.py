@@ -19,6 +19,7 @@ import arrangedb as adb
 from arrangedb.ops.group_by import group_by as eager_group_by
 from arrangedb.ops.join import join as eager_join
 from arrangedb.spine import nonnegative_at
+from arrangedb.spine.read import signs
 from test_ops import SETTINGS, bag, sql
 
 jgb = importlib.import_module("arrangedb.ops.join_group_by")
@@ -186,3 +187,23 @@ def test_a_merged_delta_stores_its_key_sums_weighed_by_each_rows_total(tmp_path,
         want = sql(q, L=data, R=R).sort_by("g")
         table = table.sort_by("g")
         assert table.select(["n", "s"]).to_pylist() == want.select(["n", "s"]).to_pylist()
+
+
+def test_a_large_delta_is_read_merged_rather_than_looked_up(tmp_path, monkeypatch):
+    """Retractions over more than 1/16 of the trace: checking them key by key would cost
+    more than reading the trace merged, which the plan then does, with the same result."""
+    monkeypatch.setattr(signs, "ALWAYS_CHECKED", 0)   # (a small trace stands for a large one)
+    L = pa.table({"k": np.arange(64) % 8, "x": np.arange(64.0)})
+    R = pa.table({"k": np.arange(8), "g": ["a", "b"] * 4})
+    aggs = {k: AGGS[k] for k in ("n", "s")}
+    with adb.Engine(spill_dir=tmp_path, memory_budget="16MiB", idle_merge=False) as e:
+        lt = e.arrange(L, key=["k"], vals=["x"], name="L")
+        rt = e.arrange(R, key=["k"], vals=["g"], name="R")
+        small, large = L.slice(0, 1), L.slice(1, 8)
+        for delta, checked in ((small, True), (large, False)):
+            lt.insert(_updates(delta, lt.upper(), -1), time="t", diff="d")
+            assert nonnegative_at(lt) is checked
+        got = adb.join_group_by(lt, rt, by="g", aggs=aggs, engine=e).read_all()
+    want = sql("select g, count(*) n, sum(x) s from L join R using (k) group by g",
+               L=L.slice(9), R=R)
+    assert bag(got) == bag(want)
