@@ -102,12 +102,13 @@ def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: Partials,
     to its last key, gathered across A's parts (a B block of a dimension spans many of a
     fact side's parts: one match and one grouping per block, not per A part).
 
-    With ``key_partials.linear`` (no row of A counts below zero), A's batches are read side by side,
-    each straight off its stored layout, and never merged: the partials are linear in
-    the counts, so a key found in several batches adds up in the grouping, and reading
-    the unmerged trace costs what reading a merged one does. Otherwise A is read merged:
-    a row's multiplicity may be negative, and whether it is present -- which decides
-    whether a group exists and whether a sum is null -- needs its consolidated count."""
+    With ``key_partials.linear`` (no row of A counts below zero), A's batches are read
+    side by side, each straight off its stored layout, and never merged: the partials
+    are linear in the counts, so a key found in several batches adds up in the grouping,
+    and reading the unmerged trace costs what reading a merged one does. Otherwise A is
+    read merged: a row's multiplicity may be negative, and whether it is present --
+    which decides whether a group exists and whether a sum is null -- needs its
+    consolidated count."""
     by_b = [where[b][1] for b in by if where[b][0] == b_side]
     # read as codes where it can be: a block's codes group by bincount
     dictionary = frozenset(c for c in by_b
@@ -360,8 +361,6 @@ def join_group_by(left, right, by, aggs: dict, at: int | None = None, how: str =
 
 
 ROWS = "__rows"   # the count of rows per group, when no aggregate counts them
-
-
 
 
 def _present(grouped: pa.RecordBatchReader, rows: str, names: list[str]

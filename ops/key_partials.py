@@ -19,7 +19,8 @@ class KeyPartials:
     read are; ``linear``: weighted by the counts, as ``n`` is, so that every partial is
     linear in them -- for blocks of batches read side by side, whose counts may be zero
     or negative (a later batch's retraction) and add up across the batches. A decimal
-    column's ``s`` comes as the limbs of its exact sums (``s#0``, ``s#1``...: see :mod:`arrangedb.ops.aggregate`)."""
+    column's ``s`` comes as the limbs of its exact sums (``s#0``, ``s#1``...: see
+    :mod:`arrangedb.ops.aggregate`)."""
 
     def __init__(self, aggs: dict, plan: dict, column_of: dict, decimal_sums=(),
                  linear: bool = False):

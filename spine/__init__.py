@@ -30,6 +30,7 @@ __all__ = [
     "Block", "Columns", "Engine", "SchemaError", "Trace", "TraceHandle", "Updates",
     "absolute_codes", "is_absolute",
     "batch_part_blocks", "blocks", "co_blocks", "codes", "consolidate", "count_through",
-    "dictionary_schema", "engine_for", "is_constant", "nonnegative_at", "open_batches", "part_blocks", "ranges", "roles",
+    "dictionary_schema", "engine_for", "is_constant", "nonnegative_at", "open_batches",
+    "part_blocks", "ranges", "roles",
     "sort_rows", "together",
 ]
