@@ -53,10 +53,14 @@ class PartLayout:
     diffs: np.ndarray
 
     @property
+    def leaf_bounds(self) -> np.ndarray:
+        """Where each leaf's updates start: a (key, val)'s, or a key's when key-only."""
+        return self.val_bounds if self.vals is not None else self.key_bounds
+
+    @property
     def num_updates(self) -> int:
         """Logical updates, singleton-compressed ones included."""
-        leaves = self.val_bounds if self.vals is not None else self.key_bounds
-        return int(_expanded_counts(leaves).sum())
+        return int(_expanded_counts(self.leaf_bounds).sum())
 
 
 def bounds_dtype(top: int) -> np.dtype:
@@ -179,7 +183,7 @@ def leaf_totals(bounds: np.ndarray, times: np.ndarray, diffs: np.ndarray,
 
 def from_layout(part: PartLayout) -> Updates:
     """Expand the layout back into one row per update (the inverse of ``to_layout``)."""
-    leaves = part.val_bounds if part.vals is not None else part.key_bounds
+    leaves = part.leaf_bounds
     singleton = len(part.times) == 1
     idx, leaf_counts = leaf_update_index(leaves, singleton)
     if singleton:
@@ -286,7 +290,7 @@ def select_vals(part: PartLayout, key_index: np.ndarray
                 owner)
     if k_lens is None:
         k_lens = np.ones(len(key_index), dtype=np.int64)
-    bounds = part.val_bounds if part.vals is not None else part.key_bounds
+    bounds = part.leaf_bounds
     first, end = _both_ends(bounds, leaves)
     stored = end - first
     counts = np.where(stored == 0, 1, stored)

@@ -309,7 +309,7 @@ def _layout_block(layout: PartLayout, at: int | None, key_sums: dict | None = No
         if not visible or counts[0] == 0:
             return _empty_block(keys, vals)
         return Block(keys, bounds, vals, counts, key_sums=key_sums or None)
-    leaves = layout.val_bounds if vals is not None else layout.key_bounds
+    leaves = layout.leaf_bounds
     counts = leaf_totals(leaves, layout.times, layout.diffs, at)
     keep = counts != 0
     if linear or keep.all():

@@ -93,8 +93,7 @@ def _negative_keys(batch, at: int | None) -> pa.Table:
             if layout.diffs[0] < 0 and (at is None or int(layout.times[0]) <= at):
                 tables.append(layout.keys)
             continue
-        totals = leaf_totals(layout.val_bounds if keyed else layout.key_bounds,
-                             layout.times, layout.diffs, at)
+        totals = leaf_totals(layout.leaf_bounds, layout.times, layout.diffs, at)
         negative = np.flatnonzero(totals < 0)
         if keyed and len(negative):   # each row's key, once (the rows are in key order)
             owner = np.searchsorted(np.asarray(layout.key_bounds, np.int64), negative,

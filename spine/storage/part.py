@@ -60,7 +60,7 @@ def _value_bytes(chunk: pa.Array) -> int:
 
 def key_starts_of(layout: PartLayout) -> np.ndarray:
     """Row index (in the expanded updates) where each key starts, plus the end."""
-    leaves = layout.val_bounds if layout.vals is not None else layout.key_bounds
+    leaves = layout.leaf_bounds
     stored = np.diff(leaves.astype(np.int64))
     leaf_counts = np.where(stored == 0, 1, stored)
     leaf_end = np.zeros(len(leaf_counts) + 1, dtype=np.int64)
@@ -168,8 +168,7 @@ class Part:
         when it holds none): below zero only where the part's own updates leave a row
         retracted more often than inserted."""
         layout = self.layout()
-        return min_total(layout.val_bounds if layout.vals is not None else layout.key_bounds,
-                          layout.times, layout.diffs)
+        return min_total(layout.leaf_bounds, layout.times, layout.diffs)
 
     def _coded_layout(self, dictionary: frozenset) -> PartLayout:
         layout = self.layout()
