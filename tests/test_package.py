@@ -112,3 +112,19 @@ def test_an_engine_says_once_when_numpy_sorts_slowly_here():
     assert warned("import numpy, arrangedb") == (1 if slow else 0)   # once, not per engine
     assert warned("import arrangedb, numpy") == 0
     assert warned("import numpy, arrangedb", ARRANGEDB_TUNE_NUMPY="0") == 0
+
+
+def test_every_test_file_is_collected():
+    """Each tests/**/test_*.py and bench/bench_*.py file is one pytest collects: a folder
+    pytest skips by default (``build``) once hid the spine's build tests."""
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    files = {str(p.relative_to(root)) for p in (*root.glob("tests/**/test_*.py"),
+                                                 *root.glob("bench/bench_*.py"))}
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                          "-p", "no:cacheprovider", "tests", "bench"],
+                         capture_output=True, text=True, cwd=root)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    collected = {line.split("::")[0] for line in out.stdout.splitlines() if "::" in line}
+    assert files - collected == set()
