@@ -162,6 +162,28 @@ def test_sort_rows_orders_like_lexsort_when_val_prefixes_tie(rows, presorted, in
     assert np.array_equal(kstarts, _distinct_starts(k[korder]))
 
 
+@settings(max_examples=300)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 255),
+                          st.integers(0, 3)), min_size=2, max_size=200), st.booleans())
+def test_sort_rows_orders_ties_that_differ_in_time(rows, pairs):
+    """Rows whose packed prefixes tie and that differ only below them or in their times:
+    a merge of two deltas (each row beside its next version: ``pairs``) ties on almost
+    every row, mostly in pairs, which are ordered by one comparison; larger groups by
+    a full sort."""
+    k = np.array([r[0] for r in rows], np.int64)
+    v = (np.array([r[1] for r in rows], np.uint64) << np.uint64(60)) | \
+        np.array([r[2] for r in rows], np.uint64)
+    t = np.array([r[3] for r in rows], np.uint64)
+    if pairs:   # every row twice, at a later time second, the two runs concatenated
+        k, v, t = (np.concatenate([x, x]) for x in (k, v, t))
+        t[len(rows):] += np.uint64(1)
+    order, starts = sort_rows(k, v, t, presorted_runs=pairs)
+    expected = np.lexsort((t, v, k))
+    for c in (k, v, t):
+        assert np.array_equal(c[order], c[expected])
+    assert np.array_equal(starts, _distinct_starts(k[order], v[order], t[order]))
+
+
 @settings(max_examples=200)
 @given(st.sampled_from(["int8", "int32", "int64", "uint32", "uint64"]),
        st.lists(st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)),
