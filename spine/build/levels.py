@@ -229,7 +229,8 @@ class Spine:
         about the batch's own size -- and the rest of their work from idle time: an
         insert costs in proportion to itself, not to the merge of the runs a large
         arrange left, and those merges still move with every insert (a merge still
-        unfinished when a batch lands on its level is finished then)."""
+        unfinished when a batch lands on its level is finished then). Work a merge did
+        ahead (idle slices) counts towards what inserts give it (``Merger.pay``)."""
         fuel = (8 << index) * self.effort
         if self.ctx.idle is None:
             self._apply_fuel(fuel)
@@ -237,32 +238,41 @@ class Spine:
         self._apply_fuel(fuel, upto=index + 1)
         self._apply_fuel(fuel // 8, start=index + 2)
 
-    def _apply_fuel(self, fuel: int, upto: int | None = None, start: int = 0) -> None:
-        """``fuel`` to every merge in progress on levels ``start`` to ``upto``."""
+    def _apply_fuel(self, fuel: int, upto: int | None = None, start: int = 0,
+                    ahead: bool = False) -> None:
+        """``fuel`` to every merge in progress on levels ``start`` to ``upto``: as an
+        insert's payment (work done ahead counts towards it), or ``ahead`` of time."""
         top = len(self.levels) if upto is None else min(upto + 1, len(self.levels))
         for i in range(start, top):
             lvl = self.levels[i]
             if lvl is not None and lvl.merging:
                 merger = self._merger(lvl)
-                merger.work(fuel)
+                if ahead:
+                    merger.work(fuel)
+                else:
+                    merger.pay(fuel)
                 if merger.done:
                     self.levels[i] = None
                     self._promote(self._merged(lvl), lvl.batches, i)
 
-    def exert(self, fuel: int) -> None:
-        """Spend ``fuel`` units of merge work, starting a merge if none is in progress."""
+    def exert(self, fuel: int, policy=None) -> None:
+        """Spend ``fuel`` units of merge work, starting a merge if none is in progress
+        (and ``policy``, an exertion policy, still asks for work)."""
         with self._transaction():
-            self._exert(fuel)
+            self._exert(fuel, policy)
 
-    def _exert(self, fuel: int) -> None:
+    def _exert(self, fuel: int, policy=None) -> None:
         """Spend ``fuel`` on merges in progress, starting the next one whenever none is
         left -- the two lowest batches, or a lone batch behind the logical frontier
-        (merged with nothing, to compact it) -- until the fuel or the work runs out."""
+        (merged with nothing, to compact it) -- until the fuel or the work runs out, or
+        ``policy`` asks for no more."""
         while fuel > 0:
-            if not self._merging() and not self._start_merge():
+            if not self._merging() and (
+                    (policy is not None and not policy(self.level_states()))
+                    or not self._start_merge()):
                 return
             before = self._work_left()
-            self._apply_fuel(fuel)
+            self._apply_fuel(fuel, ahead=True)
             fuel -= max(before - self._work_left(), 1)
 
     def merge_held_bytes(self) -> int:

@@ -41,7 +41,8 @@ class Merger:
         first = batches[0]
         self._result: Batch | None = None
         self.failed = False
-        self.remaining = sum(len(b) for b in batches)
+        self.remaining = self._total = sum(len(b) for b in batches)
+        self._owed = 0   # fuel inserts gave (:meth:`pay`): work this merge must have done
         part_bytes = ctx.whole_part_bytes(sum(b.payload_bytes for b in batches)) if whole else None
         self._builder = Builder(ctx, first.key_schema, first.val_schema, part_bytes=part_bytes)
         self._reader = MergedReader(batches, ctx)
@@ -55,6 +56,16 @@ class Merger:
         """What the merge in progress holds on the budget between steps: its inputs'
         decoded parts and its output's buffer."""
         return self._reader.held_bytes() + self._builder.reserved
+
+    def pay(self, fuel: int) -> None:
+        """Fuel an insert gives: the merge must then have done ``fuel`` more units of
+        work than inserts asked of it before. Work done ahead -- idle slices, steps
+        longer than the fuel asked -- counts, so an insert pays only what the merge is
+        behind (an insert while the idle merger keeps up pays nothing)."""
+        self._owed += fuel
+        due = self._owed - (self._total - self.remaining)
+        if due > 0:
+            self.work(due)
 
     def work(self, fuel: int) -> int:
         """Spend up to ``fuel`` units (input updates); return what is left (may be < 0)."""

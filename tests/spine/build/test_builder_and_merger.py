@@ -123,6 +123,36 @@ def test_a_merge_equals_the_consolidation_of_its_inputs(runs, since, fuel):
     assert m.result().description.since == since
 
 
+def test_an_inserts_fuel_counts_the_work_a_merge_did_ahead():
+    """``pay`` asks a merge to have done what inserts gave it so far; work done ahead
+    (idle slices, a step longer than the fuel) counts, so a merge that kept up costs an
+    insert nothing, and one behind does what it is behind."""
+    ctx = StorageContext(part_bytes=1 << 10)
+    ctx.window_rows = 1024   # steps of ~2k rows
+    batches = []
+    for seed in range(2):
+        rng = np.random.default_rng(seed)
+        k = np.sort(rng.integers(0, 50_000, 40_000))
+        b = Builder(ctx, KEYS, VALS)
+        b.push(consolidate(_updates(k, rng.integers(0, 3, k.size), np.zeros(k.size),
+                                    np.ones(k.size))))
+        batches.append(b.done())
+    m = Merger(batches, 0, ctx)
+    total = m.remaining
+
+    def worked():
+        return total - m.remaining
+    m.work(3_000)                     # ahead of any insert
+    ahead = worked()
+    assert 3_000 <= ahead < total // 2
+    m.pay(ahead)                      # already done: nothing more
+    assert worked() == ahead
+    m.pay(10_000)                     # behind by 10_000: at least that much more
+    assert worked() >= ahead + 10_000
+    m.pay(total)
+    assert m.done
+
+
 def test_a_failed_merge_is_abandoned_and_gives_back_everything(tmp_path, monkeypatch):
     budget = MemoryBudget("64MiB", sample_interval=0)
     spill = SpillDirectory(tmp_path)
