@@ -200,7 +200,7 @@ class Trace:
         try:
             fuel = None if self._closed else self._idle_fuel()
             if fuel:
-                self.spine.exert(int(fuel))
+                self.spine.exert(int(fuel), self.exertion)
             return bool(fuel)
         finally:
             self._write_lock.release()

@@ -8,9 +8,17 @@ charged to the next insert. A trace's policy is ``trace.exertion``; replace it t
 more eagerly, less eagerly, or never in idle time.
 
 Whatever the fuel, ``exert`` works in this order: merges in progress first; then, with
-none left, the two lowest batches start merging; then a lone batch whose updates were
-compacted to an older logical frontier than the trace's is merged with nothing, which
-advances its times and consolidates what that makes equal.
+none left and the policy still asking, the two lowest batches start merging; then a lone
+batch whose updates were compacted to an older logical frontier than the trace's is
+merged with nothing, which advances its times and consolidates what that makes equal.
+
+The default policy is proportional, as Materialize's exertion logic: a batch far smaller
+than the largest (a delta) is left as it is, for the inserts after it to merge with
+their own fuel as the spine's levels fill. Merging a 1% delta into a 40M-row batch in
+idle time rewrites all 40M rows for it; meanwhile every insert waits for the merge's
+slices and pays its share of fuel (0.05-0.2 s for a 150k-update delta into 7.5M rows,
+against 0.01 s with the delta left alone), and reads gain nothing -- the batches are
+read side by side -- or lose, where the merge keeps two times for every changed row.
 """
 
 from __future__ import annotations
@@ -33,10 +41,18 @@ class LevelState:
     behind: bool        # some batch here is compacted to an older frontier than the trace's
 
 
+PROPORTIONALITY = 16
+"""A batch is merged in idle time only if it holds at least 1/16 of the largest batch's
+updates (by level: within four levels of it)."""
+
+
 def default_exertion(levels: list[LevelState]) -> int | None:
-    """A slice of fuel while merging would change anything: a merge in progress, two
-    batches that could merge into one, or a batch behind the logical frontier."""
-    if len(levels) > 1 or any(s.merging or s.behind for s in levels):
+    """A slice of fuel while merging would change much: a merge in progress, a batch
+    within :data:`PROPORTIONALITY` of the largest, or a lone batch behind the logical
+    frontier."""
+    if any(s.merging for s in levels) or _close_to_largest(levels):
+        return SLICE_FUEL
+    if len(levels) == 1 and levels[0].behind:
         return SLICE_FUEL
     return None
 
@@ -45,9 +61,18 @@ def together(levels: list[LevelState]) -> int | None:
     """:func:`default_exertion` without compacting a lone batch: for traces read only at
     their latest time, whose old versions cancel when their batches merge anyway (a
     lone batch's compaction rewrites every update to advance its times)."""
-    if len(levels) > 1 or any(s.merging for s in levels):
+    if any(s.merging for s in levels) or _close_to_largest(levels):
         return SLICE_FUEL
     return None
+
+
+def _close_to_largest(levels: list[LevelState]) -> bool:
+    """Whether a batch other than the largest is within :data:`PROPORTIONALITY` of it."""
+    if len(levels) < 2:
+        return False
+    top = max(s.level for s in levels)
+    reach = PROPORTIONALITY.bit_length() - 1
+    return sum(1 for s in levels if top - s.level <= reach) > 1
 
 
 def never(levels: list[LevelState]) -> None:

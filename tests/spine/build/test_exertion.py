@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 
 import arrangedb
-from arrangedb.spine.build.exertion import LevelState, default_exertion, never
+from arrangedb.spine.build.exertion import LevelState, default_exertion, never, together
 
 
 def _history(engine, rng, inserts=30, n=500):
@@ -88,10 +88,44 @@ def test_the_idle_merger_follows_the_traces_policy(tmp_path):
         assert any(len(levels) > 1 for levels in seen)
 
 
-def test_the_default_policy_rests_only_when_nothing_would_change():
+def test_the_default_policy_merges_batches_in_proportion():
+    """Work while a merge is in progress, while a batch holds at least 1/16 of the
+    largest (by level: within four of it), or while a lone batch is behind the logical
+    frontier; a batch far smaller than the largest (a delta) is left alone, and
+    ``together`` never compacts a lone batch."""
     one = LevelState(level=10, batches=1, updates=1000, merging=False, behind=False)
     assert default_exertion([]) is None
     assert default_exertion([one]) is None
-    assert default_exertion([one, LevelState(3, 1, 8, False, False)])
+    assert default_exertion([one, LevelState(6, 1, 60, False, False)])
+    assert default_exertion([LevelState(6, 1, 60, False, True), one])
+    assert default_exertion([one, LevelState(5, 1, 30, False, False)]) is None
+    assert default_exertion([one, LevelState(5, 1, 30, False, True)]) is None
+    assert default_exertion([one, LevelState(5, 2, 60, True, False)])
     assert default_exertion([LevelState(10, 1, 1000, False, True)])
     assert default_exertion([LevelState(10, 2, 1000, True, False)])
+    assert together([LevelState(10, 1, 1000, False, True)]) is None
+    assert together([one, LevelState(7, 1, 100, False, False)])
+    assert together([one, LevelState(3, 1, 8, False, False)]) is None
+
+
+def test_an_idle_trace_leaves_a_small_delta_beside_its_large_batch(tmp_path):
+    """The idle merger settles an arrange's runs, merges an insert of a fair share of
+    the trace into it, and leaves a delta far smaller than the trace unmerged: rewriting
+    the whole trace for it would make every insert meanwhile wait."""
+    rng = np.random.default_rng(6)
+
+    def table(n):
+        return pa.table({"k": rng.integers(0, 1 << 20, n), "v": rng.integers(0, 9, n)})
+    with arrangedb.Engine(spill_dir=tmp_path, memory_budget="64MiB") as e:
+        trace = e.arrange(table(400_000), key=["k"], vals=["v"])
+        assert e.wait_merged(60) and trace.stats()["batches"] == 1
+        trace.insert(table(40_000))   # a tenth
+        assert e.wait_merged(60) and trace.stats()["batches"] == 1
+        slices = e.stats()["idle_merge_slices"]
+        trace.insert(table(4_000))    # 1/110
+        assert e.wait_merged(60) and trace.stats()["batches"] == 2
+        assert e.stats()["idle_merge_slices"] == slices and not trace.wants_merge()
+        before = _snap(trace)
+        assert sum(before.values()) == 444_000
+        trace.merge_all()             # asked for: one batch
+        assert trace.stats()["batches"] == 1 and _snap(trace) == before
