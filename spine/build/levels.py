@@ -77,6 +77,7 @@ class Spine:
     pending: list[Batch] = field(default_factory=list)
     _published: tuple = ()              # the batches of the last committed version
     version: int = 0                    # committed changes so far (readers key caches on it)
+    retracting_inserts: int = 0         # inserted batches with a negative diff (numbered)
     _depth: int = 0                     # transactions open (nested calls join the outer)
 
     # -- reading -------------------------------------------------------------------
@@ -131,12 +132,24 @@ class Spine:
         if len(batch) == 0:
             return
         with self._transaction():
+            self._number_retractions([batch])
             self.pending.append(batch)
             self._consider_pending()
 
     def insert_runs(self, runs: list[Batch]) -> None:
         with self._transaction():
+            self._number_retractions(runs)
             self._insert_runs(runs)
+
+    def _number_retractions(self, batches: list[Batch]) -> None:
+        """Number the inserted batches that retract something: a reader that found every
+        row counting at least zero knows it still holds while no batch numbered later
+        came in (merges and inserts without retractions keep it), and can check the
+        batches numbered later alone while they are unmerged (``read/signs.py``)."""
+        for b in batches:
+            if len(b) and b.retraction_seq is None and not b.nonnegative():
+                self.retracting_inserts += 1
+                b.retraction_seq = self.retracting_inserts
 
     def _insert_runs(self, runs: list[Batch]) -> None:
         """Insert sorted runs of one input as a merge in progress, not as a merged batch.

@@ -13,6 +13,13 @@ retract -- is checked against the whole trace: the keys of its negative rows are
 looked up, consolidated across the batches, at a cost in proportion to those keys,
 not to the trace. The answer is kept for the spine's committed version it was found
 for.
+
+A yes also outlives later versions. Merges keep every row's count, and an insert with
+no retraction only adds to counts, so it stands while the spine has numbered no new
+retracting insert (``Spine.retracting_inserts``). When some came in and each is still
+a batch of its own, only their negative rows' keys are checked: any other row's count
+has only grown since. A retracting insert already merged into another batch hides
+which rows it lowered, and everything doubtful is checked again.
 """
 
 from __future__ import annotations
@@ -40,32 +47,50 @@ ALWAYS_CHECKED = 1 << 16
 updates (a delta), or few updates: the lookups cost in proportion to their keys, and
 reading a trace merged costs in proportion to all of it. Beyond, the answer is no."""
 
-_found: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # trace -> (version, at, sign)
+# trace -> (version, at, sign, retracting inserts numbered when it was found)
+_found: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def nonnegative_at(trace, at: int | None = None) -> bool:
     """Whether no row of ``trace`` accumulates to a negative count at ``at``; False
     also when finding out would cost more than a merged read (``DOUBTFUL_SHARE``)."""
     trace.check_read_time(at)
-    version = trace.spine.version   # before the batches: a commit between makes it stale
-    doubtful = [b for b in trace.batches() if len(b) and not b.nonnegative_at(at)]
+    # before the batches: a commit in between makes the answer stale, never wrong
+    version, numbered = trace.spine.version, trace.spine.retracting_inserts
+    batches = trace.batches()
+    doubtful = [b for b in batches if len(b) and not b.nonnegative_at(at)]
     if not doubtful:
         return True
     kept = _found.get(trace)
     if kept is not None and kept[:2] == (version, at):
         return kept[2]
+    if kept is not None and kept[1] == at and kept[2]:   # a yes, and what came since
+        since = kept[3]
+        fresh = [b for b in batches if (b.retraction_seq or 0) > since]
+        if numbered == since:
+            doubtful = []
+        elif len(fresh) == numbered - since:
+            doubtful = [b for b in fresh if len(b) and not b.nonnegative_at(at)]
+    sign = _checked(trace, doubtful, batches, at)
+    _found[trace] = (version, at, sign, numbered)
+    return sign
+
+
+def _checked(trace, doubtful: list, batches: list, at: int | None) -> bool:
+    """Whether the rows of the doubtful batches' negative rows' keys count at least
+    zero in ``trace`` (no, without looking, for more than a small delta)."""
+    if not doubtful:
+        return True
     n = sum(len(b) for b in doubtful)
-    if n > ALWAYS_CHECKED and n * DOUBTFUL_SHARE > sum(len(b) for b in trace.batches()):
+    if n > ALWAYS_CHECKED and n * DOUBTFUL_SHARE > sum(len(b) for b in batches):
         return False   # not a small delta: a merged read is cheaper than looking it up
     budget = trace.ctx.budget
     chunk = CHUNK_KEYS if budget is None else max(256, min(CHUNK_KEYS,
                                                            budget.limit // BUDGET_PER_KEY))
     # batch by batch, whose negative rows' keys come distinct and in key order: a slice
     # of them reads few parts of every batch (keys two batches share are read twice)
-    sign = all(_counted_nonnegative(trace, _negative_keys(b, at), at, chunk)
+    return all(_counted_nonnegative(trace, _negative_keys(b, at), at, chunk)
                for b in doubtful)
-    _found[trace] = (version, at, sign)
-    return sign
 
 
 def _counted_nonnegative(trace, keys: pa.Table, at: int | None, chunk: int) -> bool:

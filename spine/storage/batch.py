@@ -31,6 +31,7 @@ class Batch:
         self._nonnegative = None
         self._nonnegative_totals = None
         self._first_keys = None
+        self.retraction_seq: int | None = None   # set by the spine when inserted with retractions
         # (directory, manifest entries) of the checkpoint files holding these updates
         self.checkpointed: tuple[str, list[dict]] | None = None
         if pagefile is not None:

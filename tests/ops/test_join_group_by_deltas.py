@@ -207,3 +207,87 @@ def test_a_large_delta_is_read_merged_rather_than_looked_up(tmp_path, monkeypatc
     want = sql("select g, count(*) n, sum(x) s from L join R using (k) group by g",
                L=L.slice(9), R=R)
     assert bag(got) == bag(want)
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.lists(st.tuples(st.integers(0, 5), st.integers(-2, 1)),
+                                   min_size=1, max_size=12),
+                          st.sampled_from(["none", "exert", "merge_all"]),
+                          st.sampled_from([None, "before"])),
+                min_size=1, max_size=8))
+def test_the_sign_after_each_write_is_the_models(tmp_path_factory, monkeypatch, steps):
+    """Inserts that retract (sometimes more than is there), merges in between, the sign
+    asked at the latest time or the time before each write: always the model's answer,
+    whether it was kept, found for the new retractions alone, or found again."""
+    monkeypatch.setattr(signs, "ALWAYS_CHECKED", 1 << 30)   # always looked up
+    base = pa.table({"k": np.arange(6), "x": np.zeros(6)})
+    counts = {k: [1] for k in range(6)}   # per key, its count at each time so far
+    with adb.Engine(spill_dir=tmp_path_factory.mktemp("s"), memory_budget="16MiB",
+                    idle_merge=False) as e:
+        lt = e.arrange(base, key=["k"], vals=["x"])
+        for t, (rows, merge, when) in enumerate(steps, start=1):
+            for k in counts:
+                counts[k].append(counts[k][-1])
+            for k, d in rows:
+                counts[k][-1] += d
+            lt.insert(pa.table({"k": [k for k, _ in rows], "x": [0.0] * len(rows),
+                                "t": pa.array([t] * len(rows), pa.uint64()),
+                                "d": pa.array([d for _, d in rows], pa.int64())}),
+                      time="t", diff="d")
+            if merge == "exert":
+                lt.exert(4)
+            elif merge == "merge_all":
+                lt.merge_all()
+            at = None if when is None else t - 1
+            want = all(c[-1 if at is None else at] >= 0 for c in counts.values())
+            assert nonnegative_at(lt, at) == want, (t, at, counts)
+
+
+def test_after_a_yes_only_new_retractions_are_looked_up(tmp_path, monkeypatch):
+    """Once every row was found counting at least zero, an insert without retractions
+    needs no lookup, and a new retracting insert, while unmerged, has its own keys looked
+    up and no other batch's."""
+    looked = []
+    real = signs.lookup
+    monkeypatch.setattr(signs, "lookup", lambda trace, keys, at: (
+        looked.append(keys.column(0).to_pylist()), real(trace, keys, at))[1])
+    base = pa.table({"k": np.arange(1000), "x": np.zeros(1000)})
+    with adb.Engine(spill_dir=tmp_path, memory_budget="16MiB", idle_merge=False) as e:
+        lt = e.arrange(base, key=["k"], vals=["x"])
+
+        def retract(keys, t):
+            lt.insert(pa.table({"k": keys, "x": [0.0] * len(keys),
+                                "t": pa.array([t] * len(keys), pa.uint64()),
+                                "d": pa.array([-1] * len(keys), pa.int64())}),
+                      time="t", diff="d")
+        retract([3, 5], 1)
+        assert nonnegative_at(lt) and looked == [[3, 5]]
+        lt.insert(pa.table({"k": [7], "x": [1.0], "t": pa.array([2], pa.uint64()),
+                            "d": pa.array([1], pa.int64())}), time="t", diff="d")
+        assert nonnegative_at(lt) and looked == [[3, 5]]
+        retract(list(range(500, 900)), 3)   # lands apart from the first: looked up alone
+        assert len(lt.batches()) > 2
+        assert nonnegative_at(lt) and looked[1:] == [list(range(500, 900))]
+        retract([5], 4)                     # 5 again: below zero
+        assert not nonnegative_at(lt)
+
+
+def test_a_retracting_insert_merged_away_has_everything_doubtful_checked_again(tmp_path):
+    """A retracting insert that a merge took into another batch before the sign was
+    asked hides which rows it lowered: the spine numbered it, no batch of its own
+    carries the number, so every doubtful batch is looked up again."""
+    base = pa.table({"k": np.arange(100), "x": np.zeros(100)})
+    with adb.Engine(spill_dir=tmp_path, memory_budget="16MiB", idle_merge=False) as e:
+        lt = e.arrange(base, key=["k"], vals=["x"])
+
+        def retract(keys, t):
+            lt.insert(pa.table({"k": keys, "x": [0.0] * len(keys),
+                                "t": pa.array([t] * len(keys), pa.uint64()),
+                                "d": pa.array([-1] * len(keys), pa.int64())}),
+                      time="t", diff="d")
+        retract([5], 1)
+        assert nonnegative_at(lt)
+        retract([5], 2)
+        newest = max(lt.batches(), key=lambda b: b.retraction_seq or 0)
+        newest.retraction_seq = None   # as a merge's output, which carries no number
+        assert not nonnegative_at(lt)
