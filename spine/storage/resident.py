@@ -64,6 +64,10 @@ class ResidentPart(Part):
     def layout(self):
         return to_layout(self.updates)
 
+    def min_diff(self) -> int:
+        diffs = self.updates.diffs   # (no layout: an insert asks this of every run)
+        return int(diffs.min()) if len(diffs) else 1
+
     def stored_layout(self, dictionary: frozenset = frozenset()) -> None:
         return None   # held as updates: ``read`` hands them over without a decode
 
