@@ -209,6 +209,14 @@ def test_a_large_delta_is_read_merged_rather_than_looked_up(tmp_path, monkeypatc
     assert bag(got) == bag(want)
 
 
+def _retract(trace, keys, t):
+    """Retract one row (k, 0.0) per key at time ``t``."""
+    trace.insert(pa.table({"k": keys, "x": [0.0] * len(keys),
+                           "t": pa.array([t] * len(keys), pa.uint64()),
+                           "d": pa.array([-1] * len(keys), pa.int64())}),
+                 time="t", diff="d")
+
+
 @SETTINGS
 @given(st.lists(st.tuples(st.lists(st.tuples(st.integers(0, 5), st.integers(-2, 1)),
                                    min_size=1, max_size=12),
@@ -255,20 +263,15 @@ def test_after_a_yes_only_new_retractions_are_looked_up(tmp_path, monkeypatch):
     with adb.Engine(spill_dir=tmp_path, memory_budget="16MiB", idle_merge=False) as e:
         lt = e.arrange(base, key=["k"], vals=["x"])
 
-        def retract(keys, t):
-            lt.insert(pa.table({"k": keys, "x": [0.0] * len(keys),
-                                "t": pa.array([t] * len(keys), pa.uint64()),
-                                "d": pa.array([-1] * len(keys), pa.int64())}),
-                      time="t", diff="d")
-        retract([3, 5], 1)
+        _retract(lt, [3, 5], 1)
         assert nonnegative_at(lt) and looked == [[3, 5]]
         lt.insert(pa.table({"k": [7], "x": [1.0], "t": pa.array([2], pa.uint64()),
                             "d": pa.array([1], pa.int64())}), time="t", diff="d")
         assert nonnegative_at(lt) and looked == [[3, 5]]
-        retract(list(range(500, 900)), 3)   # lands apart from the first: looked up alone
+        _retract(lt, list(range(500, 900)), 3)   # lands apart from the first: looked up alone
         assert len(lt.batches()) > 2
         assert nonnegative_at(lt) and looked[1:] == [list(range(500, 900))]
-        retract([5], 4)                     # 5 again: below zero
+        _retract(lt, [5], 4)                     # 5 again: below zero
         assert not nonnegative_at(lt)
 
 
@@ -280,14 +283,9 @@ def test_a_retracting_insert_merged_away_has_everything_doubtful_checked_again(t
     with adb.Engine(spill_dir=tmp_path, memory_budget="16MiB", idle_merge=False) as e:
         lt = e.arrange(base, key=["k"], vals=["x"])
 
-        def retract(keys, t):
-            lt.insert(pa.table({"k": keys, "x": [0.0] * len(keys),
-                                "t": pa.array([t] * len(keys), pa.uint64()),
-                                "d": pa.array([-1] * len(keys), pa.int64())}),
-                      time="t", diff="d")
-        retract([5], 1)
+        _retract(lt, [5], 1)
         assert nonnegative_at(lt)
-        retract([5], 2)
+        _retract(lt, [5], 2)
         newest = max(lt.batches(), key=lambda b: b.retraction_seq or 0)
         newest.retraction_seq = None   # as a merge's output, which carries no number
         assert not nonnegative_at(lt)
