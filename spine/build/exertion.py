@@ -16,7 +16,7 @@ The default policy is proportional, as Materialize's exertion logic: a batch far
 than the largest (a delta) is left as it is, for the inserts after it to merge with
 their own fuel as the spine's levels fill. Merging a 1% delta into a 40M-row batch in
 idle time rewrites all 40M rows for it; meanwhile every insert waits for the merge's
-slices and pays its share of fuel (0.05-0.2 s for a 150k-update delta into 7.5M rows,
+slices and pays its share of fuel (0.07-0.21 s for a 150k-update delta into 7.5M rows,
 against 0.01 s with the delta left alone), and reads gain nothing -- the batches are
 read side by side -- or lose, where the merge keeps two times for every changed row.
 """
