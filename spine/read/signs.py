@@ -67,10 +67,8 @@ def nonnegative_at(trace, at: int | None = None) -> bool:
     if kept is not None and kept[1] == at and kept[2]:   # a yes, and what came since
         since = kept[3]
         fresh = [b for b in batches if (b.retraction_seq or 0) > since]
-        if numbered == since:
-            doubtful = []
-        elif len(fresh) == numbered - since:
-            doubtful = [b for b in fresh if len(b) and not b.nonnegative_at(at)]
+        if len(fresh) == numbered - since:   # none merged away: they alone are new
+            doubtful = [b for b in doubtful if b in fresh]
     sign = _checked(trace, doubtful, batches, at)
     _found[trace] = (version, at, sign, numbered)
     return sign
