@@ -1,5 +1,5 @@
-"""Shared fixtures: a spill root per test, a guard against leaked page-file handles, and
-small disks (tmpfs) to fill.
+"""Shared fixtures: a spill root per test, an engine without the idle merger, a guard
+against leaked page-file handles, and small disks (tmpfs) to fill.
 
 A page file left open keeps its descriptor (mmap dups it) and its mapping alive, and on a
 long-running Spark worker that is disk space that never comes back after the file is
@@ -18,7 +18,7 @@ import tempfile
 import psutil
 import pytest
 
-import arrangedb  # noqa: F401 -- before any test module loads numpy: it tunes numpy's sorts
+import arrangedb  # before any test module loads numpy: it tunes numpy's sorts
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 """Files the compatibility tests load: checkpoints written by earlier formats."""
@@ -32,6 +32,14 @@ def spill_root(tmp_path):
     root = tmp_path / "spill"
     root.mkdir()
     return root
+
+
+@pytest.fixture
+def still_engine(tmp_path):
+    """An engine without the idle merger, for tests that count batches or merges: its
+    background work would change them between two steps of the test."""
+    with arrangedb.Engine(spill_dir=tmp_path, memory_budget="64MiB", idle_merge=False) as e:
+        yield e
 
 
 def _open_page_files(roots: tuple[str, ...]) -> set[str]:

@@ -398,7 +398,8 @@ def test_dimension_codes_counted_piece_by_piece(tmp_path, monkeypatch, step):
     table = jgb.CodeTotals.table
     monkeypatch.setattr(jgb.CodeTotals, "table",
                         lambda self, by: counted.append(by) or table(self, by))
-    with adb.Engine(spill_dir=tmp_path, memory_budget="16MiB") as e:
+    # no idle merger: the inserts must stay batches of their own
+    with adb.Engine(spill_dir=tmp_path, memory_budget="16MiB", idle_merge=False) as e:
         lt, rt = e.arrange(facts[0], key=["k"]), e.arrange(R, key=["k"])
         lt.insert(facts[1])
         lt.insert(facts[2])

@@ -114,7 +114,8 @@ def test_join_matches_duckdb(engine, kind, params):
 @SETTINGS
 @given(st.lists(st.integers(0, 80), min_size=2, max_size=6), st.integers(1, 15),
        st.booleans(), st.integers(0, 2**32 - 1))
-def test_expand_join_over_a_left_side_of_several_runs(engine, sizes, nkeys, retract, seed):
+def test_expand_join_over_a_left_side_of_several_runs(still_engine, sizes, nkeys, retract,
+                                                      seed):
     """A left trace of several runs (an appender's chunks, none merged): a bag read takes
     each run's rows on its own when all are insertions, else merges them -- a later run
     retracting rows of the first must cancel them, never fail as a negative count."""
@@ -126,7 +127,7 @@ def test_expand_join_over_a_left_side_of_several_runs(engine, sizes, nkeys, retr
                                          replace=False))
         chunks.append(gone.set_column(2, "d", pa.array(-np.ones(gone.num_rows, np.int64))))
     R = make_side(rng, 30, nkeys + 3, "int", "b")
-    lt = engine.arrange(chunks[0], key=["k"], vals=["a"], diff="d")
+    lt = still_engine.arrange(chunks[0], key=["k"], vals=["a"], diff="d")
     load = lt.appender()
     for c in chunks[1:]:
         load.add(c)
@@ -138,7 +139,7 @@ def test_expand_join_over_a_left_side_of_several_runs(engine, sizes, nkeys, retr
             net[(r["k"], r["a"])] += r["d"]
     L = pa.table({"k": pa.array([k for (k, _), n in net.items() for _ in range(n)], pa.int64()),
                   "a": pa.array([a for (_, a), n in net.items() for _ in range(n)], pa.int64())})
-    rt = engine.arrange(R, key=["k"])
+    rt = still_engine.arrange(R, key=["k"])
     got = adb.join(lt, rt, expand=True, batch_rows=53).read_all()
     assert bag(got, ["k", "a", "b"]) == bag(sql("select L.k, a, b from L join R on L.k = R.k",
                                                 L=L, R=R))

@@ -262,7 +262,8 @@ def test_eager_aggregation_over_an_unmerged_trace_equals_the_plan_as_written(
     cuts = np.sort(rng.choice(np.arange(1, fact.num_rows), pieces - 1, replace=False))
     chunks = [fact.slice(a, b - a) for a, b in zip([0, *cuts], [*cuts, fact.num_rows])]
     aggs = {"n": ("count", None), "s": ("sum", "amount"), "m": ("mean", "amount")}
-    with adb.Engine(memory_budget="64MiB") as engine:
+    # no idle merger: the runs must stay unmerged until the plan reads them
+    with adb.Engine(memory_budget="64MiB", idle_merge=False) as engine:
         F = engine.arrange(chunks[0], key=["k"], vals=["amount", "cat"], name="fact")
         for c in chunks[1:]:
             F.insert(c)

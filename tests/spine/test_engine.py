@@ -219,11 +219,12 @@ def test_lookups_in_dense_id_parts_find_keys_without_reading_them(tmp_path, monk
 
 
 @pytest.mark.parametrize("history", ["one batch", "two batches", "merged"])
-def test_lookup_of_sorted_distinct_keys_matches_the_general_path(engine, history):
+def test_lookup_of_sorted_distinct_keys_matches_the_general_path(still_engine, history):
     """Sorted distinct queries (a join's) skip the sort and, from one batch at one time,
     the accumulation: the same rows as queries that go the general way."""
     rng = np.random.default_rng(3)
     n = 20_000
+    engine = still_engine
     t = engine.arrange(pa.table({"k": rng.integers(0, 5_000, n), "v": rng.integers(0, 4, n)}),
                        key=["k"], vals=["v"])
     if history != "one batch":
@@ -277,7 +278,8 @@ def test_cursor_blocks_know_their_key_bounds_across_parts_and_windows(engine, va
     assert seen == t.snapshot().read_all().num_rows
 
 
-def test_appender_fills_a_trace_from_chunks_without_merging_them(engine):
+def test_appender_fills_a_trace_from_chunks_without_merging_them(still_engine):
+    engine = still_engine
     rng = np.random.default_rng(9)
     chunks = [pa.table({"k": rng.integers(0, 300, 2_000), "v": rng.integers(0, 5, 2_000)})
               for _ in range(5)]

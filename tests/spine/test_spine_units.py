@@ -659,7 +659,8 @@ def test_an_insert_of_a_few_batch_shares_stays_resident_as_several_runs(tmp_path
     from arrangedb import Engine
 
     rng = np.random.default_rng(8)
-    with Engine(spill_dir=tmp_path, memory_budget="64MiB") as e:
+    # no idle merger: the runs are counted, and a merge of them would write them out
+    with Engine(spill_dir=tmp_path, memory_budget="64MiB", idle_merge=False) as e:
         tr = e.arrange(_delta(rng, 1000, 100, t=0), key=["k"], vals=["v"], time="time",
                        diff="diff")
         on_disk, batches = tr.stats()["bytes_on_disk"], len(tr.batches())
@@ -776,7 +777,7 @@ def test_closing_a_trace_mid_merge_gives_back_what_the_merge_held(tmp_path):
     trace stops it: nothing stays reserved and no half-written file stays behind."""
     from arrangedb import Engine
 
-    with Engine(spill_dir=tmp_path, memory_budget="32MiB") as e:
+    with Engine(spill_dir=tmp_path, memory_budget="32MiB", idle_merge=False) as e:
         keys = np.random.default_rng(3).integers(0, 1 << 40, 2_000_000)
         t = e.arrange(pa.record_batch({"k": keys}), key=["k"])
         t.exert(100_000)
@@ -797,7 +798,7 @@ def test_a_resident_batch_a_merge_is_reading_is_not_paged_out(tmp_path):
         return pa.table({"k": rng.integers(0, 1 << 40, n), "v": rng.integers(0, 100, n),
                          "time": np.full(n, t, np.int64), "diff": np.ones(n, np.int64)})
 
-    with Engine(spill_dir=tmp_path, memory_budget="256MiB") as e:
+    with Engine(spill_dir=tmp_path, memory_budget="256MiB", idle_merge=False) as e:
         tr = e.arrange(tab(30_000, 0), key=["k"], vals=["v"], time="time", diff="diff")
         tr.insert(tab(30_000, 1))
         resident = e.stats()["resident_bytes"]

@@ -143,7 +143,10 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.dir = os.path.join(self.root, f"ck{n}")
         self.spill = os.path.join(self.root, "spill")
         os.makedirs(self.spill, exist_ok=True)
-        self.engine = arrangedb.Engine(spill_dir=self.spill, memory_budget="64MiB")
+        # no idle merger: the machine merges through its own rules (exert, merge_all),
+        # so a replay is the same run and a checkpoint's batches still match stats()
+        self.engine = arrangedb.Engine(spill_dir=self.spill, memory_budget="64MiB",
+                                       idle_merge=False)
         self.trace = self.handle = None
         self.updates: list[tuple] = []     # (k, v, time, diff)
         self.now = 0                       # the latest time inserted
