@@ -504,7 +504,7 @@ def test_a_writer_killed_at_any_instant_leaves_a_whole_version(tmp_path):
     n_children = itertools.count()
     script = tmp_path / "writer.py"
     script.write_text(_CRASH_CHILD)
-    # Fifty lives are fifty interpreter starts. pyarrow imports pandas (when installed)
+    # Each life is an interpreter start. pyarrow imports pandas (when installed)
     # on its first array -- 40% of a writer's start-up, for nothing the writer uses: the
     # writers see a pandas that cannot be imported.
     stub = tmp_path / "no-pandas" / "pandas"
@@ -552,7 +552,7 @@ def test_a_writer_killed_at_any_instant_leaves_a_whole_version(tmp_path):
                 got.close()
         return v
 
-    procs, warm, lives, at = [], deque(), 50, 0
+    procs, warm, lives, at = [], deque(), 36, 0
     stretch = data.ns["SCALE"] ** 0.5   # a version takes longer to write at scale
 
     try:
