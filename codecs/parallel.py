@@ -1,5 +1,4 @@
-"""The second thread the engine's array kernels may use: big sorts, zstd blocks, and a
-run written while the next one sorts.
+"""The second thread the engine's array kernels may use: big sorts, zstd blocks.
 
 numpy's sorts and zstd (de)compression drop the GIL, so two halves of such work run on
 two cores at once. ``threads()`` is 2 by default on a machine with two cores or more;
@@ -11,7 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 _threads = min(2, int(os.environ.get("ARRANGEDB_THREADS", 0) or os.cpu_count() or 1))
 _worker: ThreadPoolExecutor | None = None
@@ -40,31 +39,11 @@ def _helper() -> ThreadPoolExecutor:
 
 def both(first, second):
     """``(first(), second())``, the first on the helper thread when two are allowed."""
-    if _threads < 2 or threading.current_thread().name.startswith(("arrangedb-kernel",
-                                                                    "arrangedb-writer")):
-        # nested on the helper itself: waiting would deadlock; on the writer thread: it
-        # is the second thread already, beside the caller's sort
-        return first(), second()
+    if _threads < 2 or threading.current_thread().name.startswith("arrangedb-kernel"):
+        return first(), second()   # (nested on the helper itself: waiting would deadlock)
     pending = _helper().submit(first)
     try:
         b = second()
     finally:
         a = pending.result()   # never leave work running on a buffer the caller frees
     return a, b
-
-
-_behind: ThreadPoolExecutor | None = None
-_behind_pid = -1
-
-
-def behind(fn, *args) -> Future:
-    """``fn(*args)`` on the writer thread while the caller goes on (a run is encoded
-    and written while the next one sorts); the caller waits for its result. Work on
-    the writer thread keeps its halves (:func:`both`) to itself: it is the second
-    thread already."""
-    global _behind, _behind_pid
-    with _guard:
-        if _behind is None or _behind_pid != os.getpid():
-            _behind = ThreadPoolExecutor(1, thread_name_prefix="arrangedb-writer")
-            _behind_pid = os.getpid()
-        return _behind.submit(fn, *args)

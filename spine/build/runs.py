@@ -3,17 +3,14 @@
 An input (a table, a stream of batches, a Parquet file) is buffered until sorting what
 is buffered would hold the run's share of the budget (:func:`sort_cost`), then sorted,
 consolidated and written as one batch -- a *run* -- or kept in memory as a resident
-batch when the engine admits it. A run is written on the writer thread while the next
-one is read and sorted (when two threads are allowed). Runs beyond the read fan-in are
-merged down, the oldest first, so that a reader can walk them all at once within the
-budget.
+batch when the engine admits it. Runs beyond the read fan-in are merged down, the oldest
+first, so that a reader can walk them all at once within the budget.
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-from arrangedb.codecs import parallel
 from arrangedb.spine.build.builder import Builder
 from arrangedb.spine.build.merger import Merger
 from arrangedb.spine.data import roles
@@ -115,36 +112,14 @@ class RunBuilder:
         buffered: list[Updates] = []
         size = rows = peak = 0
 
-        writing = None   # the run before, written on the writer thread while one sorts
-
-        def land():
-            """Wait for the run being written; its batch joins ``runs``."""
-            nonlocal writing
-            if writing is not None:
-                pending, writing = writing, None
-                runs.append(pending.result())
-
         def seal(alone: bool = False):
-            """Sort what is buffered into a run; its reservation passes to the write."""
-            nonlocal buffered, size, rows, run_bytes, room, writing
+            """Sort what is buffered into a run; its reservation passes to seal."""
+            nonlocal buffered, size, rows, run_bytes, room
             reserved, size, rows = size, 0, 0
-            run = self.sort_run(buffered, reserved)
+            runs.append(self.seal(buffered, reserved, resident, max_resident, new_writer,
+                                  alone))
             buffered = []
-            behind = store is None and not alone and parallel.threads() > 1
-            try:
-                land()
-                if behind:   # written while the next run sorts
-                    writing = parallel.behind(self.write_run, run, reserved, False, None,
-                                              new_writer)
-            except BaseException:   # never handed to a write: its reservation goes here
-                self.ctx.release(reserved)
-                raise
-            if not behind:
-                runs.append(self.write_run(run, reserved, resident, max_resident,
-                                           new_writer, alone))
-            # the sorted copy a write behind reserves as it goes: out of the next share now
-            run_bytes = self.run_bytes(run[0].nbytes if behind else 0)
-            del run
+            run_bytes = self.run_bytes()
             # runs cut to the resident room while they are kept: once one is paged out,
             # small runs would only mean more merging
             room = store.room() if store is not None and store.holds(runs[-1]) else 0
@@ -202,15 +177,10 @@ class RunBuilder:
                 if excess(size, rows) >= 0:   # full
                     seal()
             if buffered:
-                seal(alone=not runs and writing is None)
-            land()
+                seal(alone=not runs)
             if merge:
                 runs[:] = self.merge_down(runs)
         except BaseException:
-            try:
-                land()
-            except BaseException:
-                pass   # the write's own failure: it left nothing behind
             drop(runs)   # a failed build leaves nothing behind
             raise
         finally:
@@ -226,25 +196,25 @@ class RunBuilder:
             self.ctx.settle()
         return runs
 
-    def run_bytes(self, writing: int = 0) -> int:
+    def run_bytes(self) -> int:
         """What the next run's sort may hold (:func:`sort_cost`): half the budget, less
         when other holders leave less than that free, never less than a part. Fewer,
         longer runs mean less merging down to the read fan-in: at 512 MiB, 40M rows of
-        (int64, float64) sort into 16 runs, all read as they are (fan-in 16).
-        ``writing``: bytes a run being written will hold and has not reserved yet."""
+        (int64, float64) sort into 16 runs, all read as they are (fan-in 16)."""
         if self.ctx.run_bytes:
             return self.ctx.run_bytes
         budget = self.ctx.budget
         if budget is None:
             return 512 << 20
-        free = budget.limit - budget.held - writing
-        return max(self.ctx.part_bytes, min(budget.limit // RUN_SHARE, free))
+        return max(self.ctx.part_bytes, min(budget.limit // RUN_SHARE, budget.limit - budget.held))
 
-    def sort_run(self, buffered: list[Updates], reserved: int) -> tuple[Updates, bool]:
-        """The buffered input sorted and consolidated, and whether it shares the input's
-        buffers (input already in order comes back as it is). The input's reservation
-        (``reserved``) passes to :meth:`write_run`; it is given back here only when the
-        sort fails.
+    def seal(self, buffered: list[Updates], reserved: int, resident: bool = False,
+             max_resident: int | None = None, new_writer=None, alone: bool = False
+             ) -> Batch:
+        """Sort and write one run; gives back the reservation of its input. A
+        ``resident`` run of at most ``max_resident`` updates is kept in memory instead
+        when the engine admits it. A run built ``alone`` (the input's only one) is read
+        on its own, and is cut into parts as a merge's output is.
 
         Sorting holds a few copies of the run at once (the concatenated input, codes,
         orders, the sorted copy): they are reserved too (:func:`sort_cost`), so the
@@ -258,24 +228,13 @@ class RunBuilder:
                 joined = Updates.concat(buffered).contiguous()
                 buffered.clear()   # one copy of the input at a time
                 run = consolidate(joined)
-                return run, run.keys is joined.keys
+                # input already in order comes back as it is: its buffers are the caller's
+                shared = run.keys is joined.keys
+                del joined
             finally:
                 # the sort's arrays are gone; the builder reserves the sorted copy, and
-                # the input's reservation covers its encoding temporaries until written
+                # the input's reservation covers its encoding temporaries until done
                 self.ctx.release(temporaries)
-        except BaseException:
-            self.ctx.release(reserved)
-            raise
-
-    def write_run(self, sorted_run: tuple[Updates, bool], reserved: int,
-                  resident: bool = False, max_resident: int | None = None, new_writer=None,
-                  alone: bool = False) -> Batch:
-        """Write a sorted run (:meth:`sort_run`) as a batch; gives back the reservation
-        of its input. A ``resident`` run of at most ``max_resident`` updates is kept in
-        memory instead when the engine admits it. A run built ``alone`` (the input's
-        only one) is read on its own, and is cut into parts as a merge's output is."""
-        run, shared = sorted_run
-        try:
             store = self.ctx.resident
             if (resident and store is not None and len(run)
                     and (max_resident is None or len(run) <= max_resident)):

@@ -497,10 +497,10 @@ def test_runs_hold_half_the_budget_by_their_sort_cost(tmp_path, monkeypatch):
     from arrangedb.spine.build import runs as runs_module
 
     sealed = []
-    real = runs_module.RunBuilder.sort_run
-    monkeypatch.setattr(runs_module.RunBuilder, "sort_run", lambda self, buffered, reserved: (
+    real = runs_module.RunBuilder.seal
+    monkeypatch.setattr(runs_module.RunBuilder, "seal", lambda self, buffered, reserved, *a: (
         sealed.append((reserved, sum(len(u) for u in buffered))) or real(self, buffered,
-                                                                          reserved)))
+                                                                          reserved, *a)))
     n = 1_500_000
     t = pa.table({"k": np.random.default_rng(0).integers(0, 1 << 40, n), "v": np.arange(n)})
     with Engine(spill_dir=tmp_path, memory_budget="32MiB") as engine:
