@@ -119,6 +119,46 @@ def _sample(points: list[str], most: int = 10) -> list[int]:
     return sorted(chosen)
 
 
+def test_a_failed_arrange_leaves_no_file_and_no_reservation(spill_root, monkeypatch):
+    """An arrange of many runs (merged down to the read fan-in) that fails at any disk
+    point or reservation leaves no page file and no reservation; the same arrange then
+    succeeds."""
+    rng = np.random.default_rng(4)
+    table = _table(rng, 12_000, 0, 50_000)
+    model: dict = {}
+    _model_add(model, table)
+    with arrangedb.Engine(spill_dir=spill_root, memory_budget="256MiB") as engine:
+        ctx = engine.ctx
+        ctx.part_bytes, ctx.window_rows, ctx.read_fan_in = 16 << 10, 512, 4
+        ctx.run_bytes = 96 << 10
+        spill = engine.spill.path
+
+        def page_files():
+            return [f for f in os.listdir(spill) if f.endswith((".pg", ".tmp"))]
+
+        held = engine.budget.held
+        with Faults().installed(monkeypatch) as f:
+            engine.arrange(table, key=["k"], vals=["v"]).close()
+        assert f.points.count("write") > 8 and not page_files()
+        failures = 0
+        for k in _sample(f.points, most=16):
+            try:
+                with Faults(fail_at=k).installed(monkeypatch):
+                    trace = engine.arrange(table, key=["k"], vals=["v"])
+            except Exception as e:
+                if not injected(e):
+                    raise
+                failures += 1
+                assert not page_files(), f"point {k} left {page_files()}"
+                assert engine.budget.held == held, f"point {k} left reservations behind"
+            else:
+                assert _answer(trace) == model
+                trace.close()
+        assert failures >= 8, "most injected faults must surface"
+        trace = engine.arrange(table, key=["k"], vals=["v"])
+        assert _answer(trace) == model
+
+
 @pytest.mark.parametrize("name", sorted(OPERATIONS))
 def test_a_failed_write_leaves_the_trace_as_it_was(name, spill_root, tmp_path, monkeypatch):
     points = _points(spill_root, tmp_path, name, monkeypatch)
