@@ -76,7 +76,10 @@ def test_a_merge_holding_parts_is_not_kept_off_by_its_own_reservations(tmp_path)
             engine.budget.release(elsewhere, "test")
 
 
-def test_the_thread_keeps_off_while_the_engine_is_busy(tmp_path):
+def test_the_thread_keeps_off_while_the_engine_is_busy(tmp_path, monkeypatch):
+    # a quiet time long enough that the test's own thread, descheduled on a loaded
+    # machine between two reservations, does not make the engine look idle
+    monkeypatch.setattr(idle, "QUIET_SECONDS", 0.25)
     rng = np.random.default_rng(2)
     with arrangedb.Engine(spill_dir=tmp_path, memory_budget="16MiB") as engine:
         trace = engine.arrange(_table(rng, 400_000), key=["k"], vals=["v"])
