@@ -257,7 +257,7 @@ def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.arange(total, dtype=np.int64) + np.repeat(starts.astype(np.int64) - offsets, lengths)
 
 
-def _both_ends(bounds, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def both_ends(bounds, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``bounds[index]`` and ``bounds[index + 1]`` as int64, in one gather: indexed
     before widening (no copy of the whole part's), and a paged part's bounds are read
     at the rows."""
@@ -275,7 +275,7 @@ def select_vals(part: PartLayout, key_index: np.ndarray
     if part.vals is None:
         leaves, k_lens = key_index, None
     else:
-        k_first, k_end = _both_ends(part.key_bounds, key_index)
+        k_first, k_end = both_ends(part.key_bounds, key_index)
         k_lens = k_end - k_first
         if (k_lens == 1).all():       # one val per key (a dimension table)
             leaves, k_lens = k_first, None
@@ -291,7 +291,7 @@ def select_vals(part: PartLayout, key_index: np.ndarray
     if k_lens is None:
         k_lens = np.ones(len(key_index), dtype=np.int64)
     bounds = part.leaf_bounds
-    first, end = _both_ends(bounds, leaves)
+    first, end = both_ends(bounds, leaves)
     stored = end - first
     counts = np.where(stored == 0, 1, stored)
     starts = np.where(stored == 0, first - 1, first)

@@ -11,9 +11,9 @@ import pyarrow as pa
 from arrangedb.spine.data import roles
 from arrangedb.spine.data.ingest import SchemaError, cast_column
 from arrangedb.spine.data.kernels import accumulate
-from arrangedb.spine.data.layout import ranges, select_vals
-from arrangedb.spine.data.codes import codes
-from arrangedb.spine.data.order import sort_order
+from arrangedb.spine.data.layout import both_ends, ranges, select_vals
+from arrangedb.spine.data.codes import absolute_codes, codes, is_absolute
+from arrangedb.spine.data.order import run_lengths, sort_order
 from arrangedb.spine.data.updates import Updates, concat_column, is_constant
 from arrangedb.spine.read.reader import seek_parts
 from arrangedb.spine.storage.batch import Batch
@@ -132,6 +132,141 @@ def _lookup_batch(key_names: list[str], batch: Batch, uq: pa.Table, found: list,
             found_u.append(qsel[hit][owner])
         finally:
             part.release()
+
+
+def row_counts(trace, keys: pa.Table, vals: pa.Table | None, at: int | None = None
+               ) -> np.ndarray:
+    """The count at ``at`` of each given row -- ``keys`` and ``vals`` side by side,
+    sorted by (key, val) and distinct -- summed over the trace's batches.
+
+    Where :func:`lookup` gathers every val of each key, this searches each key's vals
+    for the one asked (a binary search per row, all rows at once), so checking a
+    delta's retractions costs in proportion to them, not to their keys' other vals.
+    ``vals`` None: a key-only trace, whose rows are its keys."""
+    with trace.ctx.working():   # idle merging waits
+        trace.check_read_time(at)
+        queries = _key_table(keys, trace.key_schema)
+        totals = np.zeros(queries.num_rows, np.int64)
+        if queries.num_rows == 0:
+            return totals
+        qc = codes([queries], trace.key_names)[0]
+        first = np.ones(len(qc), dtype=bool)
+        first[1:] = qc[1:] != qc[:-1]
+        starts = np.flatnonzero(first)             # each distinct key's first row
+        uq = queries.take(starts)
+        for batch in trace.batches():
+            if at is None or batch.description.lower <= max(at, trace.since):
+                _count_batch(trace.key_names, batch, uq, starts, vals, at, totals)
+        return totals
+
+
+def _count_batch(key_names, batch: Batch, uq: pa.Table, starts: np.ndarray,
+                 vals: pa.Table | None, at: int | None, totals: np.ndarray) -> None:
+    """Add the counts of the rows (their distinct keys ``uq``, each key's first row at
+    ``starts``) in ``batch`` to ``totals``."""
+    rows_of = run_lengths(starts, len(totals))
+    part_of = seek_parts(batch, uq)
+    edges = np.searchsorted(part_of, np.arange(len(batch.parts) + 1), side="left")
+    for p in np.flatnonzero(np.diff(edges)):
+        lo, hi = int(edges[p]), int(edges[p + 1])
+        part = batch.parts[p]
+        dense = part.dense_first_key()
+        layout = part.lookup_layout(dense=dense is not None)
+        try:
+            qk = uq.slice(lo, hi - lo)
+            if dense is not None:
+                pos, hit = _dense_positions(dense, part.num_keys, qk.column(0))
+            else:
+                pc_, qc_ = codes([layout.keys, qk.rename_columns(layout.keys.column_names)],
+                                 key_names)
+                pos, hit = _positions(pc_, qc_)
+            if not hit.any():
+                continue
+            # every row of each key found, and that key's position in the part
+            n_rows = rows_of[lo:hi][hit]
+            row = ranges(starts[lo:hi][hit], n_rows)
+            key_pos = np.repeat(pos, n_rows)
+            if vals is None:   # key-only: the key is the leaf
+                leaf_lo, leaf_hi = key_pos, key_pos + 1
+            else:
+                k_first, k_end = both_ends(layout.key_bounds, key_pos)
+                search = _ValSearch(layout.vals, vals.take(row))
+                leaf_lo = search.bound(k_first, k_end, upper=False)
+                if part.distinct_leaves:   # the val once, or not at all
+                    leaf_hi = leaf_lo + search.equal_at(leaf_lo, k_end)
+                else:
+                    leaf_hi = search.bound(leaf_lo, k_end, upper=True)
+            leaves = ranges(leaf_lo, leaf_hi - leaf_lo)   # a resident part repeats a val
+            owner = np.repeat(row, leaf_hi - leaf_lo)
+            np.add.at(totals, owner, _leaf_counts(layout, leaves, at))
+        finally:
+            part.release()
+
+
+class _ValSearch:
+    """Each asked row's val among a part's vals (sorted within each key's range)."""
+
+    def __init__(self, part_vals, asked: pa.Table):
+        self.part_vals, self.asked = part_vals, asked
+        self.names = part_vals.schema.names
+        # integer and float vals compare by their own codes: the asked ones coded once
+        self.wanted = (absolute_codes(asked, self.names)
+                       if is_absolute(list(asked.schema.types))
+                       and asked.column(0).null_count == 0 else None)
+
+    def _codes(self, rows: np.ndarray, asking: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Comparable codes of the part's vals at ``rows`` and of the asked rows
+        ``asking``."""
+        got = self.part_vals.take(rows)
+        if self.wanted is not None and got.column(0).null_count == 0:
+            return absolute_codes(got, self.names), self.wanted[asking]
+        return tuple(codes([got, self.asked.take(asking)], self.names))
+
+    def bound(self, lo: np.ndarray, hi: np.ndarray, upper: bool) -> np.ndarray:
+        """Per asked row, the first position in ``[lo, hi)`` whose val is at least
+        (``upper``: greater than) the row's: bisections of all rows at once, each step
+        over the rows still open (most keys hold few vals: their rows close early)."""
+        out = lo.copy()
+        rows = np.flatnonzero(lo < hi)
+        lo, hi = lo[rows], hi[rows]
+        while len(rows):
+            mid = (lo + hi) >> 1
+            at_mid, want = self._codes(mid, rows)
+            right = at_mid <= want if upper else at_mid < want
+            lo = np.where(right, mid + 1, lo)
+            hi = np.where(right, hi, mid)
+            done = lo >= hi
+            if done.any():
+                out[rows[done]] = lo[done]
+                open_ = ~done
+                rows, lo, hi = rows[open_], lo[open_], hi[open_]
+        return out
+
+    def equal_at(self, pos: np.ndarray, end: np.ndarray) -> np.ndarray:
+        """1 where the part's val at ``pos`` (before ``end``) is the row's, else 0."""
+        out = np.zeros(len(pos), np.int64)
+        inside = np.flatnonzero(pos < end)
+        if len(inside):
+            got, want = self._codes(pos[inside], inside)
+            out[inside] = got == want
+        return out
+
+
+def _leaf_counts(layout, leaves: np.ndarray, at: int | None) -> np.ndarray:
+    """Each leaf's count at ``at`` (None: every time) from its stored updates."""
+    if len(layout.times) == 1:   # one stored (time, diff) for the part
+        d = int(layout.diffs[0]) if at is None or int(layout.times[0]) <= at else 0
+        return np.full(len(leaves), d, np.int64)
+    first, end = both_ends(layout.leaf_bounds, leaves)
+    stored = end - first
+    counts = np.where(stored == 0, 1, stored)   # a repeated bound reuses the one before
+    upd = ranges(np.where(stored == 0, first - 1, first), counts)
+    d = layout.diffs[upd].astype(np.int64)
+    if at is not None:
+        d[layout.times[upd] > np.uint64(at)] = 0
+    if not len(d):
+        return np.zeros(0, np.int64)
+    return np.add.reduceat(d, np.cumsum(counts) - counts)
 
 
 def _any_after(times: np.ndarray, at: int) -> bool:

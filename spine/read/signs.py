@@ -9,15 +9,17 @@ leave it, and not a trace of differences that retract more than they inserted.
 
 A batch answers for itself (:meth:`Batch.nonnegative_at`). A batch whose own rows go
 below zero -- the retractions of a delta, before a merge meets them with what they
-retract -- is checked against the whole trace: the keys of its negative rows are
-looked up, consolidated across the batches, at a cost in proportion to those keys,
-not to the trace. The answer is kept for the spine's committed version it was found
-for.
+retract -- is checked against the whole trace: each of its negative rows is searched
+in every batch (its key, then its val among the key's vals) and its counts summed
+(:func:`row_counts`), at a cost in proportion to those rows, not to the trace nor to
+their keys' other vals. Only they can be below zero: every other row sums counts
+that are each at least zero. The answer is kept for the spine's committed version it
+was found for.
 
 A yes also outlives later versions. Merges keep every row's count, and an insert with
 no retraction only adds to counts, so it stands while the spine has numbered no new
 retracting insert (``Spine.retracting_inserts``). When some came in and each is still
-a batch of its own, only their negative rows' keys are checked: any other row's count
+a batch of its own, only their negative rows are checked: any other row's count
 has only grown since. A retracting insert already merged into another batch hides
 which rows it lowered, and everything doubtful is checked again.
 """
@@ -30,21 +32,20 @@ import numpy as np
 import pyarrow as pa
 
 from arrangedb.spine.data.layout import leaf_totals
-from arrangedb.spine.read.lookup import lookup
+from arrangedb.spine.read.lookup import row_counts
 
-CHUNK_KEYS = 1 << 15
-"""Keys looked up at once, at most: each key's rows in every batch are held together to
-be consolidated, so a delta over 200k keys of a 40M-row trace is checked a slice of
-keys at a time (one lookup of all of them held ~2.4M rows and their sort, 0.6 GB)."""
-BUDGET_PER_KEY = 4096
-"""Bytes of budget per key looked up at once (128 MiB: 32k keys), a quarter of them
-reserved while a slice is consolidated: under RSS pressure the reservation hands back
-what the allocators keep of the slices before."""
+CHUNK_KEYS = 1 << 17
+"""Rows searched at once, at most: a delta of 400k retractions of a 40M-row trace is
+checked a slice at a time, each holding its rows' positions and vals in every batch."""
+BUDGET_PER_KEY = 1024
+"""Bytes of budget per row searched at once (128 MiB: 32k rows), a quarter of them
+reserved while a slice is searched: under RSS pressure the reservation hands back what
+the allocators keep of the slices before."""
 
 DOUBTFUL_SHARE = 16
 ALWAYS_CHECKED = 1 << 16
 """Batches of negative rows are checked while they hold at most 1/16 of the trace's
-updates (a delta), or few updates: the lookups cost in proportion to their keys, and
+updates (a delta), or few updates: the searches cost in proportion to their rows, and
 reading a trace merged costs in proportion to all of it. Beyond, the answer is no."""
 
 # trace -> (version, at, sign, retracting inserts numbered when it was found)
@@ -85,43 +86,54 @@ def _checked(trace, doubtful: list, batches: list, at: int | None) -> bool:
     budget = trace.ctx.budget
     chunk = CHUNK_KEYS if budget is None else max(256, min(CHUNK_KEYS,
                                                            budget.limit // BUDGET_PER_KEY))
-    # batch by batch, whose negative rows' keys come distinct and in key order: a slice
-    # of them reads few parts of every batch (keys two batches share are read twice)
-    return all(_counted_nonnegative(trace, _negative_keys(b, at), at, chunk)
+    # batch by batch, whose negative rows come in order: a slice of them reads few
+    # parts of every batch (rows two batches share are searched twice)
+    return all(_counted_nonnegative(trace, _negative_rows(b, at), at, chunk)
                for b in doubtful)
 
 
-def _counted_nonnegative(trace, keys: pa.Table, at: int | None, chunk: int) -> bool:
-    """Whether every row of ``keys`` counts at least zero in ``trace`` at ``at``."""
+def _counted_nonnegative(trace, rows: tuple[pa.Table, pa.Table | None], at: int | None,
+                         chunk: int) -> bool:
+    """Whether every one of ``rows`` (keys, vals) counts at least zero in ``trace`` at
+    ``at``."""
+    keys, vals = rows
     for start in range(0, keys.num_rows, chunk):
         trace.ctx.reserve(chunk * BUDGET_PER_KEY // 4, "sign check")
         try:
-            got = lookup(trace, keys.slice(start, chunk), at)
+            counts = row_counts(trace, keys.slice(start, chunk),
+                                vals.slice(start, chunk) if vals is not None else None, at)
         finally:
             trace.ctx.release(chunk * BUDGET_PER_KEY // 4)
-        if got.num_rows and int(np.min(got.column("count").to_numpy())) < 0:
+        if len(counts) and int(counts.min()) < 0:
             return False
     return True
 
 
-def _negative_keys(batch, at: int | None) -> pa.Table:
-    """The keys of the batch's rows that count below zero at ``at``."""
-    tables = []
+def _negative_rows(batch, at: int | None) -> tuple[pa.Table, pa.Table | None]:
+    """The batch's rows (keys, vals) that count below zero at ``at``, in order."""
+    keys, vals = [], []
     for part in batch.parts:
         if part.num_updates == 0:
             continue
         layout = part.layout()
-        keyed = layout.vals is not None
         if len(layout.diffs) == 1:   # one stored (time, diff): every row alike
-            if layout.diffs[0] < 0 and (at is None or int(layout.times[0]) <= at):
-                tables.append(layout.keys)
+            if layout.diffs[0] >= 0 or (at is not None and int(layout.times[0]) > at):
+                continue
+            negative = np.arange(len(layout.leaf_bounds) - 1)
+        else:
+            totals = leaf_totals(layout.leaf_bounds, layout.times, layout.diffs, at)
+            negative = np.flatnonzero(totals < 0)
+        if not len(negative):
             continue
-        totals = leaf_totals(layout.leaf_bounds, layout.times, layout.diffs, at)
-        negative = np.flatnonzero(totals < 0)
-        if keyed and len(negative):   # each row's key, once (the rows are in key order)
-            owner = np.searchsorted(np.asarray(layout.key_bounds, np.int64), negative,
-                                    side="right") - 1
-            negative = owner[np.concatenate([[True], owner[1:] != owner[:-1]])]
-        if len(negative):
-            tables.append(layout.keys.take(pa.array(negative)))
-    return pa.concat_tables(tables) if tables else batch.parts[0].layout().keys.slice(0, 0)
+        if layout.vals is None:   # key-only: the leaves are the keys
+            keys.append(layout.keys.take(pa.array(negative)))
+            continue
+        owner = np.searchsorted(np.asarray(layout.key_bounds, np.int64), negative,
+                                side="right") - 1
+        keys.append(layout.keys.take(pa.array(owner)))
+        vals.append(layout.vals.take(pa.array(negative)))
+    if not keys:
+        layout = batch.parts[0].layout()
+        return layout.keys.slice(0, 0), (layout.vals.slice(0, 0)
+                                         if layout.vals is not None else None)
+    return pa.concat_tables(keys), (pa.concat_tables(vals) if vals else None)

@@ -92,6 +92,7 @@ class Part:
     payload: int
     stored: int
     decodes = True   # reading makes new arrays (a reader reserves them); not for resident
+    distinct_leaves = True   # lookup_layout holds each (key, val) once
 
     def layout(self) -> PartLayout:
         raise NotImplementedError

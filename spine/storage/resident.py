@@ -48,6 +48,7 @@ class ResidentPart(Part):
     starts: np.ndarray = field(default=None, repr=False)
     pins: int = field(default=0, repr=False)   # reads not yet released
     decodes = False   # a reader holds nothing beyond what the part already holds
+    distinct_leaves = False   # its lookup_layout repeats a val stored at several times
 
     def read(self, dictionary: frozenset = frozenset()):
         """The updates; pinned until ``release()``: paging out a batch a reader holds
