@@ -137,7 +137,8 @@ def _lookup_batch(key_names: list[str], batch: Batch, uq: pa.Table, found: list,
 def row_counts(trace, keys: pa.Table, vals: pa.Table | None, at: int | None = None
                ) -> np.ndarray:
     """The count at ``at`` of each given row -- ``keys`` and ``vals`` side by side,
-    sorted by (key, val) and distinct -- summed over the trace's batches.
+    sorted by key -- summed over the trace's batches (a row given twice is counted
+    each time).
 
     Where :func:`lookup` gathers every val of each key, this searches each key's vals
     for the one asked (a binary search per row, all rows at once), so checking a
