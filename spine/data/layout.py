@@ -264,6 +264,15 @@ def both_ends(bounds, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.split(bounds[np.concatenate([index, index + 1])].astype(np.int64), 2)
 
 
+def leaf_updates(bounds, leaves: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The stored updates of the given leaves, in order, and how many each has (a
+    repeated bound's leaf has one: the update stored before it)."""
+    first, end = both_ends(bounds, leaves)
+    stored = end - first
+    counts = np.where(stored == 0, 1, stored)
+    return ranges(np.where(stored == 0, first - 1, first), counts), counts
+
+
 def select_vals(part: PartLayout, key_index: np.ndarray
                 ) -> tuple[pa.Table | None, np.ndarray, np.ndarray, np.ndarray]:
     """The updates of the keys at ``key_index`` (sorted positions into ``part.keys``)
@@ -290,12 +299,7 @@ def select_vals(part: PartLayout, key_index: np.ndarray
                 owner)
     if k_lens is None:
         k_lens = np.ones(len(key_index), dtype=np.int64)
-    bounds = part.leaf_bounds
-    first, end = both_ends(bounds, leaves)
-    stored = end - first
-    counts = np.where(stored == 0, 1, stored)
-    starts = np.where(stored == 0, first - 1, first)
-    upd_idx = ranges(starts, counts)
+    upd_idx, counts = leaf_updates(part.leaf_bounds, leaves)
     leaf_owner = np.repeat(np.arange(len(key_index)), k_lens)
     owner = np.repeat(leaf_owner, counts)
     vals = part.vals.take(np.repeat(leaves, counts)) if part.vals is not None else None

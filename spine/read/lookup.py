@@ -11,9 +11,9 @@ import pyarrow as pa
 from arrangedb.spine.data import roles
 from arrangedb.spine.data.ingest import SchemaError, cast_column
 from arrangedb.spine.data.kernels import accumulate
-from arrangedb.spine.data.layout import both_ends, ranges, select_vals
+from arrangedb.spine.data.layout import both_ends, leaf_updates, ranges, select_vals
 from arrangedb.spine.data.codes import absolute_codes, codes, is_absolute
-from arrangedb.spine.data.order import run_lengths, sort_order
+from arrangedb.spine.data.order import row_starts, run_lengths, sort_order
 from arrangedb.spine.data.updates import Updates, concat_column, is_constant
 from arrangedb.spine.read.reader import seek_parts
 from arrangedb.spine.storage.batch import Batch
@@ -106,13 +106,16 @@ def _lookup(trace, keys, at, read_dictionary, consolidate=True) -> pa.Table:
     out_vals = vals.take(rows) if vals is not None else None
     return _record_table(schema, qi, key_rows, out_vals, counts[rows])
 
-def _lookup_batch(key_names: list[str], batch: Batch, uq: pa.Table, found: list, found_u: list,
-                  dictionary: frozenset = frozenset()) -> None:
+def _found_keys(key_names: list[str], batch: Batch, uq: pa.Table,
+                dictionary: frozenset = frozenset()):
+    """For each part of ``batch`` holding some of the distinct, sorted keys ``uq``:
+    ``(lo, part, layout, pos, hit)`` -- the part's slice of ``uq`` starting at ``lo``,
+    which of that slice's keys it holds (``hit``) and where (``pos``). The part is
+    released once the caller goes on."""
     part_of = seek_parts(batch, uq)    # non-decreasing: the queries are sorted
     edges = np.searchsorted(part_of, np.arange(len(batch.parts) + 1), side="left")
     for p in np.flatnonzero(np.diff(edges)):
         lo, hi = int(edges[p]), int(edges[p + 1])
-        qsel = np.arange(lo, hi)
         part = batch.parts[p]
         first = part.dense_first_key()
         layout = part.lookup_layout(dictionary, dense=first is not None)
@@ -125,13 +128,18 @@ def _lookup_batch(key_names: list[str], batch: Batch, uq: pa.Table, found: list,
                 pc_, qc_ = codes([pkeys, qk.rename_columns(pkeys.column_names)],
                                  key_names)
                 pos, hit = _positions(pc_, qc_)
-            if not hit.any():
-                continue
-            vals, times, diffs, owner = select_vals(layout, pos)
-            found.append((vals, times, diffs))
-            found_u.append(qsel[hit][owner])
+            if hit.any():
+                yield lo, part, layout, pos, hit
         finally:
             part.release()
+
+
+def _lookup_batch(key_names: list[str], batch: Batch, uq: pa.Table, found: list, found_u: list,
+                  dictionary: frozenset = frozenset()) -> None:
+    for lo, _, layout, pos, hit in _found_keys(key_names, batch, uq, dictionary):
+        vals, times, diffs, owner = select_vals(layout, pos)
+        found.append((vals, times, diffs))
+        found_u.append((lo + np.flatnonzero(hit))[owner])
 
 
 def row_counts(trace, keys: pa.Table, vals: pa.Table | None, at: int | None = None
@@ -150,58 +158,34 @@ def row_counts(trace, keys: pa.Table, vals: pa.Table | None, at: int | None = No
         totals = np.zeros(queries.num_rows, np.int64)
         if queries.num_rows == 0:
             return totals
-        qc = codes([queries], trace.key_names)[0]
-        first = np.ones(len(qc), dtype=bool)
-        first[1:] = qc[1:] != qc[:-1]
-        starts = np.flatnonzero(first)             # each distinct key's first row
+        starts = row_starts(codes([queries], trace.key_names)[0])   # each key's first row
+        rows_of = run_lengths(starts, len(totals))
         uq = queries.take(starts)
         for batch in trace.batches():
             if at is None or batch.description.lower <= max(at, trace.since):
-                _count_batch(trace.key_names, batch, uq, starts, vals, at, totals)
+                for lo, part, layout, pos, hit in _found_keys(trace.key_names, batch, uq):
+                    # every row of each key found, and that key's position in the part
+                    n_rows = rows_of[lo:lo + len(hit)][hit]
+                    row = ranges(starts[lo:lo + len(hit)][hit], n_rows)
+                    first, end = _row_leaves(part, layout, np.repeat(pos, n_rows), vals,
+                                             row)
+                    counts = _leaf_counts(layout, ranges(first, end - first), at)
+                    np.add.at(totals, np.repeat(row, end - first), counts)
         return totals
 
 
-def _count_batch(key_names, batch: Batch, uq: pa.Table, starts: np.ndarray,
-                 vals: pa.Table | None, at: int | None, totals: np.ndarray) -> None:
-    """Add the counts of the rows (their distinct keys ``uq``, each key's first row at
-    ``starts``) in ``batch`` to ``totals``."""
-    rows_of = run_lengths(starts, len(totals))
-    part_of = seek_parts(batch, uq)
-    edges = np.searchsorted(part_of, np.arange(len(batch.parts) + 1), side="left")
-    for p in np.flatnonzero(np.diff(edges)):
-        lo, hi = int(edges[p]), int(edges[p + 1])
-        part = batch.parts[p]
-        dense = part.dense_first_key()
-        layout = part.lookup_layout(dense=dense is not None)
-        try:
-            qk = uq.slice(lo, hi - lo)
-            if dense is not None:
-                pos, hit = _dense_positions(dense, part.num_keys, qk.column(0))
-            else:
-                pc_, qc_ = codes([layout.keys, qk.rename_columns(layout.keys.column_names)],
-                                 key_names)
-                pos, hit = _positions(pc_, qc_)
-            if not hit.any():
-                continue
-            # every row of each key found, and that key's position in the part
-            n_rows = rows_of[lo:hi][hit]
-            row = ranges(starts[lo:hi][hit], n_rows)
-            key_pos = np.repeat(pos, n_rows)
-            if vals is None:   # key-only: the key is the leaf
-                leaf_lo, leaf_hi = key_pos, key_pos + 1
-            else:
-                k_first, k_end = both_ends(layout.key_bounds, key_pos)
-                search = _ValSearch(layout.vals, vals.take(row))
-                leaf_lo = search.bound(k_first, k_end, upper=False)
-                if part.distinct_leaves:   # the val once, or not at all
-                    leaf_hi = leaf_lo + search.equal_at(leaf_lo, k_end)
-                else:
-                    leaf_hi = search.bound(leaf_lo, k_end, upper=True)
-            leaves = ranges(leaf_lo, leaf_hi - leaf_lo)   # a resident part repeats a val
-            owner = np.repeat(row, leaf_hi - leaf_lo)
-            np.add.at(totals, owner, _leaf_counts(layout, leaves, at))
-        finally:
-            part.release()
+def _row_leaves(part, layout, key_pos: np.ndarray, vals: pa.Table | None, row: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """The leaves ``[lo, hi)`` in ``layout`` of the asked rows ``row`` (of ``vals``),
+    whose keys are at ``key_pos``: empty where the part lacks the row's val."""
+    if vals is None:   # key-only: the key is the leaf
+        return key_pos, key_pos + 1
+    k_first, k_end = both_ends(layout.key_bounds, key_pos)
+    search = _ValSearch(layout.vals, vals.take(row))
+    leaf_lo = search.bound(k_first, k_end, upper=False)
+    if part.distinct_leaves:   # the val once, or not at all
+        return leaf_lo, leaf_lo + search.equal_at(leaf_lo, k_end)
+    return leaf_lo, search.bound(leaf_lo, k_end, upper=True)   # a resident part repeats
 
 
 class _ValSearch:
@@ -258,10 +242,7 @@ def _leaf_counts(layout, leaves: np.ndarray, at: int | None) -> np.ndarray:
     if len(layout.times) == 1:   # one stored (time, diff) for the part
         d = int(layout.diffs[0]) if at is None or int(layout.times[0]) <= at else 0
         return np.full(len(leaves), d, np.int64)
-    first, end = both_ends(layout.leaf_bounds, leaves)
-    stored = end - first
-    counts = np.where(stored == 0, 1, stored)   # a repeated bound reuses the one before
-    upd = ranges(np.where(stored == 0, first - 1, first), counts)
+    upd, counts = leaf_updates(layout.leaf_bounds, leaves)
     d = layout.diffs[upd].astype(np.int64)
     if at is not None:
         d[layout.times[upd] > np.uint64(at)] = 0
