@@ -34,11 +34,11 @@ import pyarrow as pa
 from arrangedb.spine.data.layout import leaf_totals
 from arrangedb.spine.read.lookup import row_counts
 
-CHUNK_KEYS = 1 << 17
+CHUNK_ROWS = 1 << 17
 """Rows searched at once, at most: a delta of 400k retractions of a 40M-row trace is
 checked a slice at a time, each holding its rows' positions and vals in every batch."""
-BUDGET_PER_KEY = 1024
-"""Bytes of budget per row searched at once (128 MiB: 32k rows), a quarter of them
+BUDGET_PER_ROW = 1024
+"""Bytes of budget per row searched at once (128 MiB: 128k rows), a quarter of them
 reserved while a slice is searched: under RSS pressure the reservation hands back what
 the allocators keep of the slices before."""
 
@@ -84,8 +84,8 @@ def _checked(trace, doubtful: list, batches: list, at: int | None) -> bool:
     if n > ALWAYS_CHECKED and n * DOUBTFUL_SHARE > sum(len(b) for b in batches):
         return False   # not a small delta: a merged read is cheaper than looking it up
     budget = trace.ctx.budget
-    chunk = CHUNK_KEYS if budget is None else max(256, min(CHUNK_KEYS,
-                                                           budget.limit // BUDGET_PER_KEY))
+    chunk = CHUNK_ROWS if budget is None else max(256, min(CHUNK_ROWS,
+                                                           budget.limit // BUDGET_PER_ROW))
     # batch by batch, whose negative rows come in order: a slice of them reads few
     # parts of every batch (rows two batches share are searched twice)
     return all(_counted_nonnegative(trace, _negative_rows(b, at), at, chunk)
@@ -98,12 +98,12 @@ def _counted_nonnegative(trace, rows: tuple[pa.Table, pa.Table | None], at: int 
     ``at``."""
     keys, vals = rows
     for start in range(0, keys.num_rows, chunk):
-        trace.ctx.reserve(chunk * BUDGET_PER_KEY // 4, "sign check")
+        trace.ctx.reserve(chunk * BUDGET_PER_ROW // 4, "sign check")
         try:
             counts = row_counts(trace, keys.slice(start, chunk),
                                 vals.slice(start, chunk) if vals is not None else None, at)
         finally:
-            trace.ctx.release(chunk * BUDGET_PER_KEY // 4)
+            trace.ctx.release(chunk * BUDGET_PER_ROW // 4)
         if len(counts) and int(counts.min()) < 0:
             return False
     return True
