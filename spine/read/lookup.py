@@ -118,11 +118,15 @@ def _found_keys(key_names: list[str], batch: Batch, uq: pa.Table,
         lo, hi = int(edges[p]), int(edges[p + 1])
         part = batch.parts[p]
         first = part.dense_first_key()
-        layout = part.lookup_layout(dictionary, dense=first is not None)
+        qk = uq.slice(lo, hi - lo)
+        # key i is first + i, or the part's rank index places the keys: none to decode
+        # or search
+        found = (_dense_positions(first, part.num_keys, qk.column(0)) if first is not None
+                 else _ranked(part, qk.column(0)))
+        layout = part.lookup_layout(dictionary, dense=found is not None)
         try:
-            qk = uq.slice(lo, hi - lo)
-            if first is not None:   # key i is first + i: no keys to read or search
-                pos, hit = _dense_positions(first, part.num_keys, qk.column(0))
+            if found is not None:
+                pos, hit = found
             else:
                 pkeys = layout.keys
                 pc_, qc_ = codes([pkeys, qk.rename_columns(pkeys.column_names)],
@@ -132,6 +136,15 @@ def _found_keys(key_names: list[str], batch: Batch, uq: pa.Table,
                 yield lo, part, layout, pos, hit
         finally:
             part.release()
+
+
+def _ranked(part, queries):
+    """:meth:`Part.rank_positions`, the part released should it fail."""
+    try:
+        return part.rank_positions(queries)
+    except BaseException:
+        part.release()
+        raise
 
 
 def _lookup_batch(key_names: list[str], batch: Batch, uq: pa.Table, found: list, found_u: list,

@@ -14,6 +14,8 @@ Invariants
   singleton runs in O(1).
 - A part of several vals per key at one time also stores each key's sums of its numeric
   vals (:mod:`.keysums`), beside its columns.
+- A part of integer keys dense enough in their range also stores their rank index
+  (:mod:`.keyrank`), for lookups.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import pyarrow as pa
 from arrangedb.codecs import Encoded, choose_codec, encode, segment_sums
 from arrangedb.spine.data.layout import PartLayout, leaf_totals
 from arrangedb.spine.data.updates import all_equal
+from arrangedb.spine.storage.keyrank import rank_index
 from arrangedb.spine.storage.keysums import (KEY_SUMS_FROM, leaf_counts, usual_count,
                                               weigh, weighable)
 from arrangedb.spine.storage.paged import PagedPart
@@ -127,6 +130,13 @@ def write_part(writer, index: int, layout: PartLayout, codec: str, schemas,
                 columns.setdefault("key_sums", []).append(g)
                 stored += s
         columns[fname] = groups
+    rank = rank_index(layout.keys)
+    if rank is not None:   # integer keys dense enough: lookups find them without decoding
+        columns["key_rank"] = []
+        for name, arr in zip(("words", "ranks"), rank):
+            g, s, _ = _encode_group(writer, f"p{index}/key_rank/{name}", arr, "plain")
+            columns["key_rank"].append(g)
+            stored += s
     for fname in ("key_bounds", "val_bounds", "times", "diffs"):
         arr = getattr(layout, fname)
         if arr is None:

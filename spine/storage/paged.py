@@ -17,6 +17,7 @@ from arrangedb.codecs.base import lookup
 from arrangedb.spine.data.layout import PartLayout, leaf_totals
 from arrangedb.spine.data.updates import Updates, all_equal
 from arrangedb.spine.storage.dictionaries import as_dictionary, dictionary_schema
+from arrangedb.spine.storage.keyrank import rank_positions
 from arrangedb.spine.storage.keysums import (leaf_counts, run_counts, usual_count, weigh,
                                               weighable)
 from arrangedb.spine.storage.part import FIELDS, Part, expand, min_total
@@ -284,7 +285,9 @@ class PagedPart(Part):
             cols.update((k, v) for k, v in self._stored_updates().items() if v is not None)
         key_schema, val_schema = self.schemas
         if dense:
-            cols["keys"] = _DenseKeys(self.dense_first_key(), key_schema)
+            first = self.dense_first_key()
+            cols["keys"] = (_DenseKeys(first, key_schema) if first is not None
+                            else _RowsTable(self, self.columns["keys"], key_schema))
         if computed:
             cols["key_bounds"] = _Rows(self, self.columns["key_bounds"][0])
         if vals_gathered:
@@ -295,6 +298,14 @@ class PagedPart(Part):
             for name in ("times", "diffs"):
                 cols[name] = _Rows(self, self.columns[name][0])
         return self._assemble(cols, tables=False)
+
+    def rank_positions(self, queries):
+        groups = self.columns.get("key_rank")
+        if groups is None:
+            return None
+        words, ranks = (lambda w, g=g: take_column(self.pagefile, g, w) for g in groups)
+        return rank_positions(self.first_key.column(0)[0].as_py(),
+                              self.last_key.column(0)[0].as_py(), words, ranks, queries)
 
     def _decode(self, names, cache, dictionary: frozenset = frozenset(),
                 val_names: list | None = None) -> dict:

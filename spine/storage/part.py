@@ -101,8 +101,9 @@ class Part:
                       ) -> PartLayout:
         """The layout for ``select_vals``; call ``release()`` once done with it.
         ``dictionary``: val columns to take as dictionary arrays (see :meth:`read`).
-        ``dense``: the caller knows the keys are dense (:meth:`dense_first_key`) and
-        only takes keys at positions; a paged part then does not read them."""
+        ``dense``: the caller found the keys' positions without reading them (dense
+        keys, :meth:`dense_first_key`, or :meth:`rank_positions`) and only takes keys
+        at positions; a paged part then does not decode them."""
         return self._coded_layout(dictionary)
 
     def dense_first_key(self) -> int | None:
@@ -115,6 +116,12 @@ class Part:
         except AttributeError:
             self._dense_first = self._judge_dense()
             return self._dense_first
+
+    def rank_positions(self, queries: pa.Array) -> tuple[np.ndarray, np.ndarray] | None:
+        """Positions of the integer ``queries`` among the part's keys and which were
+        found, through its key rank index (:mod:`.keyrank`); None when it has none.
+        Call ``release()`` once done."""
+        return None
 
     def _judge_dense(self) -> int | None:
         if self.num_keys == 0 or self.first_key.num_columns != 1 \
