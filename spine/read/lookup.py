@@ -77,7 +77,7 @@ def _lookup(trace, keys, at, read_dictionary, consolidate=True) -> pa.Table:
             rows = np.flatnonzero(t <= np.uint64(at))
             u, diffs = u[rows], diffs[rows]
             vals = vals.take(pa.array(rows)) if vals is not None else None
-        return _record_table(schema, u, uq.take(u), vals, diffs)
+        return _record_table(schema, u, _keys_at(uq, u), vals, diffs)
     t = concat_column([f[1] for f in found], np.uint64)
     if sources == 1 and len(t) and t[0] == t[-1] and (at is None or t[0] <= at) \
             and bool(np.all(t == t[0])):
@@ -89,7 +89,7 @@ def _lookup(trace, keys, at, read_dictionary, consolidate=True) -> pa.Table:
         k_u, vals, counts = accumulate(Updates(acc_keys, vals, t, diffs), at)
         u_rows = k_u.column(0).to_numpy()
     if distinct_sorted:     # each query is its own distinct key: rows are in query order
-        return _record_table(schema, u_rows, uq.take(u_rows), vals, counts)
+        return _record_table(schema, u_rows, _keys_at(uq, u_rows), vals, counts)
     # expand to every query row (duplicates included), ordered by query_index
     group_of_sorted = np.cumsum(first) - 1       # distinct index of each sorted query
     lo = np.searchsorted(u_rows, np.arange(len(uniq_pos)), side="left")
@@ -319,6 +319,16 @@ def _dense_positions(first: int, n: int, queries) -> tuple[np.ndarray, np.ndarra
     q = q.astype(np.int64, copy=False)
     hit = (q >= first) & (q <= first + n - 1)
     return q[hit] - np.int64(first), hit
+
+
+def _keys_at(uq: pa.Table, rows: np.ndarray) -> pa.Table:
+    """The distinct queries at ``rows`` (non-decreasing): ``uq`` itself when every query
+    has one row (a dimension's keys, all found), else a gather."""
+    n = uq.num_rows
+    if len(rows) == n and (n == 0 or (rows[0] == 0 and rows[-1] == n - 1)) \
+            and bool((np.diff(rows) == 1).all()):
+        return uq
+    return uq.take(rows)
 
 
 def _record_table(schema, qi, keys, vals, counts) -> pa.Table:
