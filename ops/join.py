@@ -280,22 +280,28 @@ def _delta_terms(dl: Block, dr: Block, left, right, since, batch_rows, dictionar
             yield a, b, kidx, li, ri, time_of(li, ri), a.counts[li] * b.counts[ri]
 
 
-def _incremental(left, right, since, upto, batch_rows, schema, dictionary):
+def block_changes(dl: Block, dr: Block, left, right, since, batch_rows, schema, dictionary):
+    """The join's changes over one key range (the two sides' change blocks ``dl``,
+    ``dr``), as batches of ``schema``."""
     nk = len(left.key_names)
-    for dl, dr in co_blocks([left, right], changes=(since, upto), dictionary=dictionary):
-        # One term alone (only one side changed here) multiplies consolidated inputs: its
-        # rows are distinct and nonzero already. Two terms may cancel: consolidate them.
-        alone = (len(dl) == 0) != (len(dr) == 0)
-        pieces = []
-        for a, b, kidx, li, ri, times, diffs in _delta_terms(dl, dr, left, right, since,
-                                                             batch_rows, dictionary):
-            arrays = _take(a.keys, kidx) + _take(a.vals, li) + _take(b.vals, ri)
-            pieces.append((arrays, times, diffs))
-            if sum(len(p[1]) for p in pieces) >= batch_rows:
-                yield from consolidated(pieces, nk, schema, alone)
-                pieces = []
-        if pieces:
+    # One term alone (only one side changed here) multiplies consolidated inputs: its
+    # rows are distinct and nonzero already. Two terms may cancel: consolidate them.
+    alone = (len(dl) == 0) != (len(dr) == 0)
+    pieces = []
+    for a, b, kidx, li, ri, times, diffs in _delta_terms(dl, dr, left, right, since,
+                                                         batch_rows, dictionary):
+        arrays = _take(a.keys, kidx) + _take(a.vals, li) + _take(b.vals, ri)
+        pieces.append((arrays, times, diffs))
+        if sum(len(p[1]) for p in pieces) >= batch_rows:
             yield from consolidated(pieces, nk, schema, alone)
+            pieces = []
+    if pieces:
+        yield from consolidated(pieces, nk, schema, alone)
+
+
+def _incremental(left, right, since, upto, batch_rows, schema, dictionary):
+    for dl, dr in co_blocks([left, right], changes=(since, upto), dictionary=dictionary):
+        yield from block_changes(dl, dr, left, right, since, batch_rows, schema, dictionary)
 
 
 # -- public -----------------------------------------------------------------------------------

@@ -42,14 +42,14 @@ from arrangedb.ops.join import (HOWS, check_traces, dictionary_readable, join,
 from arrangedb.ops.code_totals import CodeTotals, per_array
 from arrangedb.ops.key_partials import KeyPartials
 from arrangedb.ops.match import is_range, match_codes, match_keys, range_matches
-from arrangedb.spine import (Block, absolute_codes, batch_part_blocks, count_through,
-                              is_absolute, is_constant, nonnegative_at, part_blocks, ranges,
-                              roles)
+from arrangedb.spine import (Block, absolute_codes, all_equal, batch_part_blocks,
+                              count_through, is_absolute, is_constant, nonnegative_at,
+                              part_blocks, ranges, roles)
 
 LINEAR = ("count", "sum", "mean")
 
 
-def _sides(left, right) -> dict[str, tuple[str, str]]:
+def output_sides(left, right) -> dict[str, tuple[str, str]]:
     """Output column name -> (side, the trace's column); side in key, 0, 1. A key column
     is given by position: the side read may be the right trace, whose keys are named
     otherwise."""
@@ -65,7 +65,7 @@ def _pushdown_side(left, right, by: list[str], aggs: dict, how: str) -> int | No
     None when the plan does not have that shape."""
     if how != "inner" or any(fn not in LINEAR for fn, _ in aggs.values()):
         return None
-    where = _sides(left, right)
+    where = output_sides(left, right)
     agg_sides = {where[col][0] for _, col in aggs.values() if col is not None}
     if "key" in agg_sides or len(agg_sides) > 1:
         return None
@@ -124,12 +124,12 @@ def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: Partials,
     b_blocks = part_blocks(b_trace, at, dictionary, columns=frozenset(by_b))
 
     # one group column, B's and read as codes, over keys with comparable codes: counted
-    # piece by piece (_coded_groups)
+    # piece by piece (coded_groups)
     coded = (len(by) == 1 and where[by[0]][0] == b_side and where[by[0]][1] in dictionary
              and is_absolute([f.type for f in a_trace.key_schema]))
 
     def emit(got: list, bb: Block) -> Iterator[pa.RecordBatch]:
-        grouped = _coded_groups(got, bb, where[by[0]][1], by[0]) if coded else None
+        grouped = coded_groups(got, bb, where[by[0]][1], by[0]) if coded else None
         if grouped is not None:
             if grouped.num_rows:
                 yield partials.as_partials(grouped)
@@ -139,8 +139,8 @@ def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: Partials,
         sums = got[0][1] if len(got) == 1 else _concatenated([s for _, s in got])
         li, ri = match_keys(keys, bb.keys)
         if len(li):
-            groups, cols = _pairs(keys, bb, li, ri, by, where, b_side, sums)
-            yield partials.as_partials(_grouped(groups, cols, by, partials))
+            groups, cols = key_pairs(keys, bb, li, ri, by, where, b_side, sums)
+            yield partials.as_partials(grouped_pairs(groups, cols, by, partials))
 
     # per A batch: the rest of a part reaching past a B block, and whether it is done
     carry, done = [None] * len(a_streams), [False] * len(a_streams)
@@ -179,7 +179,7 @@ def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: Partials,
             gen.close()
 
 
-def _coded_groups(got: list, bb: Block, column: str, name: str) -> pa.Table | None:
+def coded_groups(got: list, bb: Block, column: str, name: str) -> pa.Table | None:
     """The partials of A's pieces ``got`` grouped on B's dictionary column ``column``
     (the output's group column ``name``), when B's block is a dimension (one row per
     key, each counted once): each piece is matched against the B keys of its own range
@@ -187,7 +187,8 @@ def _coded_groups(got: list, bb: Block, column: str, name: str) -> pa.Table | No
     concatenated with another, and keys the two sides share in order (a foreign key's
     sums against its dimension) are matched by one comparison. None when the block is
     not of that form."""
-    if len(bb) != bb.num_keys or not is_constant(bb.counts) or int(bb.counts[0]) != 1:
+    if len(bb) != bb.num_keys or not len(bb) or int(bb.counts[0]) != 1 \
+            or not all_equal(bb.counts):
         return None
     col = bb.vals.column(column)
     chunk = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
@@ -240,7 +241,7 @@ def _concatenated(items: list[dict]) -> dict:
     return out
 
 
-def _pairs(akeys: pa.Table, bb: Block, li: np.ndarray, ri: np.ndarray, by: list[str],
+def key_pairs(akeys: pa.Table, bb: Block, li: np.ndarray, ri: np.ndarray, by: list[str],
            where: dict, b_side: int, sums: dict) -> tuple[dict, dict]:
     """Group columns and partials of each (A key, B row) pair of matched keys."""
     if len(bb) == bb.num_keys:   # a dimension: one row per key, key i's row is row i
@@ -297,7 +298,7 @@ def _take(column, rows: np.ndarray):
     return column.take(pa.array(rows, pa.int64()))
 
 
-def _grouped(groups: dict, cols: dict, by: list[str], partials: Partials) -> pa.Table:
+def grouped_pairs(groups: dict, cols: dict, by: list[str], partials: Partials) -> pa.Table:
     """Pairs grouped on ``by``: one partial row per group. (Per B block: a block's
     dictionary columns share one dictionary, so its codes are bincounted as they are.)"""
     chunk = pa.table(groups)
@@ -342,7 +343,7 @@ def join_group_by(left, right, by, aggs: dict, at: int | None = None, how: str =
     if side is None:
         return group_by(join(left, right, at=at, how=how, batch_rows=batch_rows), by, aggs,
                         weight="count", engine=engine, batch_rows=batch_rows)
-    where = _sides(left, right)
+    where = output_sides(left, right)
     a_trace, b_trace = (left, right) if side == 0 else (right, left)
     linear = nonnegative_at(a_trace, at)
     # read linearly, a group whose rows were all retracted sums to zero rows: counted,

@@ -67,7 +67,7 @@ def per_key_changes(traces: list, since: int, upto: int | None, schema: pa.Schem
         for at, sign in ((None if upto is None else upto - 1, 1), (since - 1, -1)):
             if at is not None and at < 0:
                 continue
-            looked = [_present(lookup_block(t, keys, at, d))
+            looked = [present_keys(lookup_block(t, keys, at, d))
                       for t, d in zip(traces, dictionary)]
             for arrays, counts in rows_of(*looked):
                 if len(counts):
@@ -78,7 +78,7 @@ def per_key_changes(traces: list, since: int, upto: int | None, schema: pa.Schem
             yield from consolidated(pieces, nk, schema)
 
 
-def _present(b: Block) -> Block:
+def present_keys(b: Block) -> Block:
     """The block without the keys it holds no row of (a lookup keeps every query's key:
     a join would take them as matched)."""
     sizes = np.diff(b.key_bounds)

@@ -10,6 +10,10 @@ not fit. Rules, tried in order:
     :func:`~arrangedb.ops.join_group_by.join_group_by`: that side is summed per key
     below the join, straight off its stored layout, and the joined rows are never made
     (Yan and Larson's "group-by before join").
+``eager aggregation of changes``
+    The same shape over a join's changes (``since`` given), counts and sums only, runs
+    as :func:`~arrangedb.ops.join_group_by_changes.join_group_by_changes`: where only
+    the summed side changed, its changes are summed per key below the join.
 ``dictionary codes``
     Any other ``group_by`` over a join (snapshot or changes) reads its string and binary
     group columns as dictionary codes (the join's ``read_dictionary``): they are handed
@@ -32,6 +36,7 @@ from arrangedb.ops.aggregate import check_aggs
 from arrangedb.ops.common import names
 from arrangedb.ops.join import dictionary_readable, prefixed_names
 from arrangedb.ops.join_group_by import pushdown_side
+from arrangedb.ops.join_group_by_changes import changes_pushdown_side
 from arrangedb.ops.partials import plain_schema
 from arrangedb.ops import plan as _plan
 from arrangedb.ops.plan import Node, Plan, describe_input, is_input
@@ -68,7 +73,9 @@ def eager_aggregation(node: Node) -> Node | None:
     if found is None:
         return None
     g, j = found
-    if j["since"] is not None or g["weight"] not in (None, "count"):
+    if j["since"] is not None:
+        return _eager_changes(node, g, j)
+    if g["weight"] not in (None, "count"):
         return None
     left, right, by = j["left"], j["right"], names(g["by"])
     aggs = check_aggs(g["aggs"], plain_schema(g["stream"].schema), "the join's output")
@@ -84,6 +91,29 @@ def eager_aggregation(node: Node) -> Node | None:
             f"(straight off its stored layout) and the joined rows are never made")
     fused = Node("join_group_by", join_group_by, (left, right, by, aggs),
                  dict(at=j["at"], how=j["how"], engine=g["engine"],
+                      batch_rows=g["batch_rows"]), node.schema, notes=[note])
+    return _conformed(fused, node.schema)
+
+
+def _eager_changes(node: Node, g: dict, j: dict) -> Node | None:
+    """Eager aggregation of a grouped join's changes (``since`` given)."""
+    if g["weight"] not in (None, "diff"):
+        return None
+    left, right, by = j["left"], j["right"], names(g["by"])
+    aggs = check_aggs(g["aggs"], plain_schema(g["stream"].schema), "the join's changes")
+    side = changes_pushdown_side(left, right, by, aggs, j["how"])
+    if side is None:
+        return None
+    from arrangedb.ops.join_group_by_changes import join_group_by_changes
+
+    a = (left, right)[side]
+    summed = ", ".join(f"{fn}({col or '*'})" for fn, col in aggs.values())
+    note = (f"eager aggregation of changes: {summed} read only {_trace_name(a)}, and the "
+            f"groups [{', '.join(by)}] do not: where only {_trace_name(a)} changed, its "
+            f"changes are summed per key below the join and meet the other side's rows "
+            f"of those keys as one partial row each; the joined change rows are never made")
+    fused = Node("join_group_by_changes", join_group_by_changes, (left, right, by, aggs),
+                 dict(since=j["since"], upto=j["upto"], engine=g["engine"],
                       batch_rows=g["batch_rows"]), node.schema, notes=[note])
     return _conformed(fused, node.schema)
 

@@ -16,7 +16,7 @@ from arrangedb.spine.data.kernels import consolidate, count_through
 from arrangedb.spine.data.layout import ranges
 from arrangedb.spine.data.codes import absolute_codes, codes, is_absolute
 from arrangedb.spine.data.order import sort_rows
-from arrangedb.spine.data.updates import Updates, is_constant
+from arrangedb.spine.data.updates import Updates, all_equal, is_constant
 from arrangedb.spine.read.cursor import (Block, batch_part_blocks, blocks, co_blocks,
                                          part_blocks)
 from arrangedb.spine.read.signs import nonnegative_at
@@ -30,7 +30,8 @@ __all__ = [
     "Block", "Columns", "Engine", "SchemaError", "Trace", "TraceHandle", "Updates",
     "absolute_codes", "is_absolute",
     "batch_part_blocks", "blocks", "co_blocks", "codes", "consolidate", "count_through",
-    "dictionary_schema", "engine_for", "is_constant", "nonnegative_at", "open_batches",
+    "all_equal", "dictionary_schema", "engine_for", "is_constant", "nonnegative_at",
+    "open_batches",
     "part_blocks", "ranges", "roles",
     "sort_rows", "together",
 ]
