@@ -12,6 +12,15 @@ from arrangedb.ops.aggregate import (LIMB_SEP, decimal_limbs, int_limbs, numeric
 from arrangedb.spine import Block, is_constant
 
 
+SHORT_RUNS = 4   # keys times this above the rows: per-key sums by bincount
+
+
+def _exact_in_float(x: np.ndarray) -> bool:
+    """Whether float64 sums of any of ``x``'s elements are exact integers."""
+    return x.dtype.kind in "iu" and len(x) and \
+        max(abs(int(x.max())), abs(int(x.min()))) * len(x) < 2**53
+
+
 class KeyPartials:
     """Per key of an A block, the sums each partial needs: ``n`` (count-weighted rows,
     or valid values), ``s`` (count-weighted values) and ``v`` (valid rows: a sum over no
@@ -44,8 +53,20 @@ class KeyPartials:
         odd_key = (None if odd is None or not len(odd)
                    else np.searchsorted(bounds, odd, side="right") - 1)
 
+        # few rows per key (a delta's changes): reduceat pays per run, bincount over each
+        # row's key per row -- exact for integers whose sums stay within float64's
+        short = len(starts) * SHORT_RUNS > len(counts)
+        key_of: list = []
+
         def per_key(x: np.ndarray) -> np.ndarray:
-            return np.add.reduceat(x, starts) if len(starts) else x[:0]
+            if not len(starts):
+                return x[:0]
+            if not short or (x.dtype.kind != "f" and not _exact_in_float(x)):
+                return np.add.reduceat(x, starts)
+            if not key_of:
+                key_of.append(np.repeat(np.arange(len(starts)), rows))
+            total = np.bincount(key_of[0], weights=x, minlength=len(starts))
+            return total if x.dtype.kind == "f" else total.astype(np.int64)
 
         def weighted(x: np.ndarray) -> np.ndarray:
             if unit is None:

@@ -281,7 +281,11 @@ def select_vals(part: PartLayout, key_index: np.ndarray
 
     Expands just the selected keys' vals and updates, so a lookup touching a few keys of
     a large part pays for those keys, not for the part."""
+    n_keys = len(part.key_bounds) - 1
     if part.vals is None:
+        leaves, k_lens = key_index, None
+    elif int(part.key_bounds[[n_keys]][0]) == n_keys:
+        # every key one val (each key has one at least): a dimension's val i is key i's
         leaves, k_lens = key_index, None
     else:
         k_first, k_end = both_ends(part.key_bounds, key_index)
