@@ -242,7 +242,7 @@ def _concatenated(items: list[dict]) -> dict:
 
 
 def key_pairs(akeys: pa.Table, bb: Block, li: np.ndarray, ri: np.ndarray, by: list[str],
-           where: dict, b_side: int, sums: dict) -> tuple[dict, dict]:
+              where: dict, b_side: int, sums: dict) -> tuple[dict, dict]:
     """Group columns and partials of each (A key, B row) pair of matched keys."""
     if len(bb) == bb.num_keys:   # a dimension: one row per key, key i's row is row i
         rows, akey = ri, li

@@ -30,7 +30,7 @@ import pyarrow as pa
 from arrangedb.ops.aggregate import check_aggs
 from arrangedb.ops.common import DEFAULT_BATCH_ROWS, check_batch_rows
 from arrangedb.ops.group_by import group_by
-from arrangedb.ops.join import (block_changes, check_traces, dictionary_readable,
+from arrangedb.ops.join import (block_changes, check_traces, dictionary_readable, join,
                                 output_schema)
 from arrangedb.ops.join_group_by import (coded_groups, grouped_pairs, key_pairs,
                                          output_sides, pushdown_side)
@@ -68,8 +68,6 @@ def join_group_by_changes(left, right, by, aggs: dict, since: int, upto: int | N
     aggs = check_aggs(aggs, schema, "the join's changes")
     side = changes_pushdown_side(left, right, by, aggs, "inner")
     if side is None:
-        from arrangedb.ops.join import join
-
         return group_by(join(left, right, since=since, upto=upto, batch_rows=batch_rows),
                         by, aggs, engine=engine, batch_rows=batch_rows)
     where = output_sides(left, right)

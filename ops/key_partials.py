@@ -12,7 +12,7 @@ from arrangedb.ops.aggregate import (LIMB_SEP, decimal_limbs, int_limbs, numeric
 from arrangedb.spine import Block, is_constant
 
 
-SHORT_RUNS = 4   # keys times this above the rows: per-key sums by bincount
+SHORT_RUNS = 4   # fewer rows per key than this on average: per-key sums by bincount
 
 
 def _exact_in_float(x: np.ndarray) -> bool:
@@ -56,16 +56,17 @@ class KeyPartials:
         # few rows per key (a delta's changes): reduceat pays per run, bincount over each
         # row's key per row -- exact for integers whose sums stay within float64's
         short = len(starts) * SHORT_RUNS > len(counts)
-        key_of: list = []
+        key_of = None   # each row's key, made once if a sum needs it
 
         def per_key(x: np.ndarray) -> np.ndarray:
+            nonlocal key_of
             if not len(starts):
                 return x[:0]
             if not short or (x.dtype.kind != "f" and not _exact_in_float(x)):
                 return np.add.reduceat(x, starts)
-            if not key_of:
-                key_of.append(np.repeat(np.arange(len(starts)), rows))
-            total = np.bincount(key_of[0], weights=x, minlength=len(starts))
+            if key_of is None:
+                key_of = np.repeat(np.arange(len(starts)), rows)
+            total = np.bincount(key_of, weights=x, minlength=len(starts))
             return total if x.dtype.kind == "f" else total.astype(np.int64)
 
         def weighted(x: np.ndarray) -> np.ndarray:

@@ -322,8 +322,8 @@ def _dense_positions(first: int, n: int, queries) -> tuple[np.ndarray, np.ndarra
 
 
 def _keys_at(uq: pa.Table, rows: np.ndarray) -> pa.Table:
-    """The distinct queries at ``rows`` (non-decreasing): ``uq`` itself when every query
-    has one row (a dimension's keys, all found), else a gather."""
+    """The distinct queries at ``rows``: ``uq`` itself when ``rows`` is each query once,
+    in order (a dimension's keys, all found), else a gather."""
     n = uq.num_rows
     if len(rows) == n and (n == 0 or (rows[0] == 0 and rows[-1] == n - 1)) \
             and bool((np.diff(rows) == 1).all()):
