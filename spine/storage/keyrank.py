@@ -32,7 +32,8 @@ _INT64 = (-2**63, 2**63 - 1)
 
 def rank_index(keys: pa.Table) -> tuple[np.ndarray, np.ndarray] | None:
     """``(words, ranks)`` of a part's sorted, distinct keys, or None when the index does
-    not apply (several key columns, not integers, few keys, sparse or dense keys)."""
+    not apply (several key columns, not integers, few keys, sparse keys, or keys at one
+    step from each other, dense ids among them)."""
     n = keys.num_rows
     if keys.num_columns != 1 or n < RANK_MIN_KEYS or n >= 2**32 \
             or not pa.types.is_integer(keys.schema.field(0).type):
@@ -43,6 +44,9 @@ def rank_index(keys: pa.Table) -> tuple[np.ndarray, np.ndarray] | None:
     span = last - first + 1
     if span == n or span > RANK_SPAN * n or first < _INT64[0] or last > _INT64[1]:
         return None
+    step = (last - first) // (n - 1)
+    if step * (n - 1) == last - first and bool((np.diff(values) == step).all()):
+        return None   # first + step * i: stored as a stride, decoded by arange
     present = np.zeros(-(-span // 64) * 64, dtype=bool)
     present[values.astype(np.int64, copy=False) - np.int64(first)] = True
     words = np.packbits(present, bitorder="little").view("<u8")
