@@ -73,48 +73,36 @@ def eager_aggregation(node: Node) -> Node | None:
     if found is None:
         return None
     g, j = found
-    if j["since"] is not None:
-        return _eager_changes(node, g, j)
-    if g["weight"] not in (None, "count"):
+    changes = j["since"] is not None   # the join's changes: counted by diff, not count
+    if g["weight"] not in (None, "diff" if changes else "count"):
         return None
     left, right, by = j["left"], j["right"], names(g["by"])
-    aggs = check_aggs(g["aggs"], plain_schema(g["stream"].schema), "the join's output")
-    side = pushdown_side(left, right, by, aggs, j["how"])
+    aggs = check_aggs(g["aggs"], plain_schema(g["stream"].schema),
+                      "the join's changes" if changes else "the join's output")
+    side = (changes_pushdown_side if changes else pushdown_side)(left, right, by, aggs,
+                                                                  j["how"])
     if side is None:
         return None
     from arrangedb.ops.join_group_by import join_group_by
-
-    a = (left, right)[side]
-    summed = ", ".join(f"{fn}({col or '*'})" for fn, col in aggs.values())
-    note = (f"eager aggregation: {summed} read only {_trace_name(a)}, and the groups "
-            f"[{', '.join(by)}] do not: {_trace_name(a)} is summed per key below the join "
-            f"(straight off its stored layout) and the joined rows are never made")
-    fused = Node("join_group_by", join_group_by, (left, right, by, aggs),
-                 dict(at=j["at"], how=j["how"], engine=g["engine"],
-                      batch_rows=g["batch_rows"]), node.schema, notes=[note])
-    return _conformed(fused, node.schema)
-
-
-def _eager_changes(node: Node, g: dict, j: dict) -> Node | None:
-    """Eager aggregation of a grouped join's changes (``since`` given)."""
-    if g["weight"] not in (None, "diff"):
-        return None
-    left, right, by = j["left"], j["right"], names(g["by"])
-    aggs = check_aggs(g["aggs"], plain_schema(g["stream"].schema), "the join's changes")
-    side = changes_pushdown_side(left, right, by, aggs, j["how"])
-    if side is None:
-        return None
     from arrangedb.ops.join_group_by_changes import join_group_by_changes
 
-    a = (left, right)[side]
+    a = _trace_name((left, right)[side])
     summed = ", ".join(f"{fn}({col or '*'})" for fn, col in aggs.values())
-    note = (f"eager aggregation of changes: {summed} read only {_trace_name(a)}, and the "
-            f"groups [{', '.join(by)}] do not: where only {_trace_name(a)} changed, its "
-            f"changes are summed per key below the join and meet the other side's rows "
-            f"of those keys as one partial row each; the joined change rows are never made")
-    fused = Node("join_group_by_changes", join_group_by_changes, (left, right, by, aggs),
-                 dict(since=j["since"], upto=j["upto"], engine=g["engine"],
-                      batch_rows=g["batch_rows"]), node.schema, notes=[note])
+    shape = f"{summed} read only {a}, and the groups [{', '.join(by)}] do not"
+    common = dict(engine=g["engine"], batch_rows=g["batch_rows"])
+    if changes:
+        note = (f"eager aggregation of changes: {shape}: where only {a} changed, its "
+                f"changes are summed per key below the join and meet the other side's "
+                f"rows of those keys as one partial row each; the joined change rows are "
+                f"never made")
+        fused = Node("join_group_by_changes", join_group_by_changes, (left, right, by, aggs),
+                     dict(since=j["since"], upto=j["upto"], **common), node.schema,
+                     notes=[note])
+    else:
+        note = (f"eager aggregation: {shape}: {a} is summed per key below the join "
+                f"(straight off its stored layout) and the joined rows are never made")
+        fused = Node("join_group_by", join_group_by, (left, right, by, aggs),
+                     dict(at=j["at"], how=j["how"], **common), node.schema, notes=[note])
     return _conformed(fused, node.schema)
 
 
