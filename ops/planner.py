@@ -35,8 +35,8 @@ import pyarrow.compute as pc
 from arrangedb.ops.aggregate import check_aggs
 from arrangedb.ops.common import names
 from arrangedb.ops.join import dictionary_readable, prefixed_names
-from arrangedb.ops.join_group_by import pushdown_side
-from arrangedb.ops.join_group_by_changes import changes_pushdown_side
+from arrangedb.ops.join_group_by import join_group_by, pushdown_side
+from arrangedb.ops.join_group_by_changes import changes_pushdown_side, join_group_by_changes
 from arrangedb.ops.partials import plain_schema
 from arrangedb.ops import plan as _plan
 from arrangedb.ops.plan import Node, Plan, describe_input, is_input
@@ -83,9 +83,6 @@ def eager_aggregation(node: Node) -> Node | None:
                                                                   j["how"])
     if side is None:
         return None
-    from arrangedb.ops.join_group_by import join_group_by
-    from arrangedb.ops.join_group_by_changes import join_group_by_changes
-
     a = _trace_name((left, right)[side])
     summed = ", ".join(f"{fn}({col or '*'})" for fn, col in aggs.values())
     shape = f"{summed} read only {a}, and the groups [{', '.join(by)}] do not"

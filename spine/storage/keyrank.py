@@ -71,9 +71,10 @@ def rank_positions(first: int, last: int, words_at: Callable, ranks_at: Callable
     w = (offset >> np.uint64(6)).astype(np.int64)
     bit = offset & np.uint64(63)
     word = np.asarray(words_at(w), np.uint64)
-    below = word & ((np.uint64(1) << bit) - np.uint64(1))
     found = ((word >> bit) & np.uint64(1)).astype(bool)
+    w, bit, word = w[found], bit[found], word[found]   # ranks read for the keys found only
+    below = word & ((np.uint64(1) << bit) - np.uint64(1))
     pos = np.asarray(ranks_at(w), np.int64) + np.bitwise_count(below)
     hit = np.zeros(len(q), dtype=bool)
     hit[inside[found]] = True
-    return pos[found], hit
+    return pos, hit
