@@ -78,11 +78,28 @@ def tune_allocator() -> bool:
     global _tuned
     if _tuned or os.environ.get("ARRANGEDB_TUNE_MALLOC", "1") == "0":
         return _tuned
+    _no_numpy_huge_pages()
     libc = _libc_handle()
     if libc and hasattr(libc, "mallopt"):
         _tuned = bool(libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)
                       and libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30))
     return _tuned
+
+
+def _no_numpy_huge_pages() -> None:
+    """Have numpy stop asking the kernel for transparent huge pages for its large arrays
+    (``madvise(MADV_HUGEPAGE)``, what ``NUMPY_MADVISE_HUGEPAGE=0`` does at numpy's load).
+    A huge page is zeroed whole, and compacted for when memory is fragmented, at the
+    first touch of a fresh array: arranging 10M orders and 1M customers from Parquet
+    took 0.90 s in 4 KiB pages against 1.04-1.07 s (0.2 s more system time) with huge
+    pages, and the 40M-row build the same either way (its blocks are reused by then)."""
+    import numpy as np
+
+    setter = getattr(getattr(getattr(np, "_core", None), "multiarray", None),
+                     "_set_madvise_hugepage", None)
+    if setter is not None:
+        with contextlib.suppress(Exception):
+            setter(False)
 
 
 def release_freed_memory() -> None:
