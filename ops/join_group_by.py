@@ -128,19 +128,24 @@ def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: Partials,
     coded = (len(by) == 1 and where[by[0]][0] == b_side and where[by[0]][1] in dictionary
              and is_absolute([f.type for f in a_trace.key_schema]))
 
-    def emit(got: list, bb: Block) -> Iterator[pa.RecordBatch]:
-        grouped = coded_groups(got, bb, where[by[0]][1], by[0]) if coded else None
+    def emit(got: list[list], bb: Block) -> Iterator[pa.RecordBatch]:
+        """The groups of A's pieces ``got`` (a list per A batch) against B's block:
+        counted by code all at once when they can be, else matched batch by batch."""
+        grouped = (coded_groups([p for pieces in got for p in pieces], bb,
+                                where[by[0]][1], by[0]) if coded else None)
         if grouped is not None:
             if grouped.num_rows:
                 yield partials.as_partials(grouped)
             return
-        keys = (got[0][0] if len(got) == 1
-                else pa.concat_tables([k for k, _ in got]).combine_chunks())
-        sums = got[0][1] if len(got) == 1 else _concatenated([s for _, s in got])
-        li, ri = match_keys(keys, bb.keys)
-        if len(li):
-            groups, cols = key_pairs(keys, bb, li, ri, by, where, b_side, sums)
-            yield partials.as_partials(grouped_pairs(groups, cols, by, partials))
+        for pieces in got:   # one batch's keys: sorted and distinct, as a match needs
+            keys = (pieces[0][0] if len(pieces) == 1
+                    else pa.concat_tables([k for k, _ in pieces]).combine_chunks())
+            sums = (pieces[0][1] if len(pieces) == 1
+                    else _concatenated([s for _, s in pieces]))
+            li, ri = match_keys(keys, bb.keys)
+            if len(li):
+                groups, cols = key_pairs(keys, bb, li, ri, by, where, b_side, sums)
+                yield partials.as_partials(grouped_pairs(groups, cols, by, partials))
 
     # per A batch: the rest of a part reaching past a B block, and whether it is done
     carry, done = [None] * len(a_streams), [False] * len(a_streams)
@@ -149,8 +154,11 @@ def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: Partials,
             if bb.num_keys == 0:
                 continue
             b_last = bb.keys.slice(bb.num_keys - 1, 1)
+            # each batch's pieces through the block's last key, all grouped at once:
+            # a trace of many runs costs one grouping per block, as a merged one does
+            got, gathered = [], 0
             for i, a_parts in enumerate(a_streams):
-                got, gathered = [], 0
+                got.append([])
                 while not done[i]:
                     if carry[i] is None:
                         carry[i] = next(a_parts, None)
@@ -160,17 +168,18 @@ def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: Partials,
                     keys, sums = carry[i]
                     n = count_through(keys, b_last)
                     if n:
-                        got.append(carry[i] if n == keys.num_rows else _cut(carry[i], 0, n))
+                        got[-1].append(carry[i] if n == keys.num_rows
+                                       else _cut(carry[i], 0, n))
                         gathered += n
                     carry[i] = None if n == keys.num_rows else _cut(carry[i], n,
                                                                     keys.num_rows)
                     if gathered >= GATHER_KEYS:
                         yield from emit(got, bb)
-                        got, gathered = [], 0
+                        got, gathered = [[]], 0
                     if carry[i] is not None:
                         break   # this batch's next keys lie beyond the block
-                if got:   # one batch's keys: sorted and distinct, as a match needs
-                    yield from emit(got, bb)
+            if gathered:
+                yield from emit(got, bb)
             if all(done):
                 break   # an inner join: B's remaining keys meet nothing
     finally:
