@@ -486,7 +486,7 @@ def test_readers_hold_at_most_a_quarter_of_the_budget_in_decoded_parts(limit):
         ctx = StorageContext.for_budget(budget, None)
     assert 8 <= ctx.read_fan_in <= 16
     assert ctx.read_fan_in * 2 * ctx.part_bytes <= max(limit // 4, 16 * (256 << 10))
-    assert ctx.read_fan_in == (16 if limit >= 512 << 20 else 8)
+    assert ctx.read_fan_in == (16 if limit >= 128 << 20 else 8)
 
 
 def test_runs_hold_half_the_budget_by_their_sort_cost(tmp_path, monkeypatch):
