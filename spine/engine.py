@@ -144,6 +144,8 @@ class Engine:
         if is_file_input(data):   # the trace's build opens it again, reading what it needs
             schema = pa.schema([schema.field(c) for c in cols.needed()])
             source = data
+        elif isinstance(data, (pa.Table, pa.RecordBatch)):   # its size known to the build
+            source = data
         else:
             source = pa.RecordBatchReader.from_batches(schema, stream)
         key_schema, val_schema = target_schemas(schema, cols)

@@ -110,6 +110,21 @@ def open_batches(data, columns: list[str] | None = None
         "RecordBatchReader, an iterable of RecordBatches, or a Parquet path")
 
 
+def known_rows(data) -> int | None:
+    """How many rows ``data`` holds, when that is known before reading it: a table, a
+    batch, a Parquet file (its footer); None for streams and directories."""
+    if isinstance(data, (pa.Table, pa.RecordBatch)):
+        return data.num_rows
+    if is_file_input(data) and os.path.isfile(data):
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.read_metadata(data).num_rows
+        except (OSError, pa.ArrowException):
+            return None   # opening it says what is wrong
+    return None
+
+
 def is_file_input(data) -> bool:
     """Whether ``data`` names a Parquet file or directory, which arrangedb opens itself."""
     return isinstance(data, (str, os.PathLike))

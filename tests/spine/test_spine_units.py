@@ -512,6 +512,42 @@ def test_runs_hold_half_the_budget_by_their_sort_cost(tmp_path, monkeypatch):
     assert len(sealed) >= 4 and sum(rows for _, rows in sealed) == n
 
 
+@pytest.mark.parametrize("kind", ["table", "parquet", "stream"])
+def test_an_input_of_known_size_spreads_over_half_the_fan_in_of_runs(tmp_path, monkeypatch,
+                                                                      kind):
+    """A table or a Parquet file, whose size is known before it is read, sorts into half
+    the read fan-in of runs (each run's sort holding at least ``_SPREAD_RUN_BYTES``); a
+    stream, of unknown size, into runs as large as the budget allows."""
+    import pyarrow.parquet as pq
+
+    from arrangedb import Engine
+    from arrangedb.spine.build import runs as runs_module
+
+    monkeypatch.setattr(runs_module, "_SPREAD_RUN_BYTES", 1 << 20)
+    sealed = []
+    real = runs_module.RunBuilder.seal
+    monkeypatch.setattr(runs_module.RunBuilder, "seal", lambda self, buffered, reserved, *a: (
+        sealed.append(sum(len(u) for u in buffered)) or real(self, buffered, reserved, *a)))
+    n = 200_000
+    rng = np.random.default_rng(3)
+    t = pa.table({"k": rng.integers(0, 5000, n), "v": rng.integers(0, 3, n)})
+    data = {"table": t, "stream": iter(t.to_batches(max_chunksize=1 << 14))}.get(kind)
+    if kind == "parquet":
+        data = str(tmp_path / "t.parquet")
+        pq.write_table(t, data, row_group_size=1 << 15)
+    with Engine(spill_dir=tmp_path, memory_budget="512MiB") as engine:
+        trace = engine.arrange(data, key=["k"], vals=["v"])
+        got = trace.snapshot().read_all()
+        half = engine.ctx.read_fan_in // 2
+    assert sum(sealed) == n
+    assert len(sealed) == (1 if kind == "stream" else half)
+    want = pa.table({"k": t["k"], "v": t["v"]}).group_by(["k", "v"]).aggregate(
+        [("k", "count")]).sort_by([("k", "ascending"), ("v", "ascending")])
+    assert got["k"].to_pylist() == want["k"].to_pylist()
+    assert got["v"].to_pylist() == want["v"].to_pylist()
+    assert got["count"].to_pylist() == want["k_count"].to_pylist()
+
+
 @pytest.mark.parametrize("kind", ["batch", "parquet"])
 def test_one_large_input_batch_is_sorted_within_a_small_budget(tmp_path, kind):
     """A single batch far larger than a run (a RecordBatch, Parquet's 256k-row batches of
