@@ -89,6 +89,8 @@ def sorted_rows(kc: np.ndarray, vc, times: np.ndarray | None, presorted_runs: bo
         return np.arange(n, dtype=np.int64), np.zeros(min(n, 1), np.int64), kc
     if _in_order(columns):   # a delta computed in key order: checked in a pass or two
         return np.arange(n, dtype=np.int64), row_starts(*columns), kc
+    if not presorted_runs and _two_runs(kc):
+        presorted_runs = True   # timsort merges two runs in one linear pass
     if any(c.dtype.kind not in "iub" for c in columns):
         order = _lsd_order(columns)
         return order, row_starts(*[c[order] for c in columns]), None
@@ -116,6 +118,12 @@ def _in_order(columns: list[np.ndarray]) -> bool:
             return False
         tied[at] = c[at + 1] == c[at]
     return True
+
+
+def _two_runs(first: np.ndarray) -> bool:
+    """Whether ``first`` falls only once: two runs in its order end to end, as an update
+    of rows read in key order is (their retractions, then their new versions)."""
+    return int(np.count_nonzero(first[1:] < first[:-1])) == 1
 
 
 def _starts_of(ties: np.ndarray) -> np.ndarray:
