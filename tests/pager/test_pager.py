@@ -961,16 +961,35 @@ def test_checksum_sees_two_words_swapped(data, draw):
     assert checksum64(bytes(swapped)) != checksum64(data)
 
 
-@pytest.mark.parametrize("over, share, trims", [(0.6, 0.5, True), (0.4, 0.5, False),
-                                                (0.9, 1.0, False), (1.1, 1.0, True)])
+def test_heap_free_bytes_counts_what_malloc_keeps_freed():
+    """What a trim could hand back: blocks freed on the heap show in the figure."""
+    from arrangedb.pager.process_memory import heap_free_bytes, tune_allocator
+
+    if heap_free_bytes() is None or not tune_allocator():
+        pytest.skip("malloc is not glibc's, or is left untuned")
+    before = heap_free_bytes()
+    blocks = [np.ones(1 << 20) for _ in range(8)]   # 8 MiB each: on the heap once tuned
+    del blocks
+    assert heap_free_bytes() >= before + (48 << 20)
+
+
+@pytest.mark.parametrize("over, share, free, trims", [
+    (0.6, 0.5, 1.0, True), (0.4, 0.5, 1.0, False), (0.9, 1.0, 1.0, False),
+    (1.1, 1.0, 1.0, True),
+    (0.6, 0.5, 0.05, False),   # malloc holds little freed: nothing worth a trim
+    (0.6, 0.5, None, True),    # malloc does not say: RSS alone decides
+])
 def test_freed_memory_is_handed_back_only_past_the_share_asked(monkeypatch, over, share,
-                                                               trims):
+                                                               free, trims):
     """A trim is faulted back in by the next allocations: a loop that trims as it goes
-    (group_by) asks for it only once RSS passes the budget, other callers past half."""
+    (group_by) asks for it only once RSS passes the budget, other callers past half --
+    and only when malloc holds a sixteenth of the budget freed, where it tells."""
     import arrangedb.pager.budget as budget_mod
 
     calls = []
     monkeypatch.setattr(budget_mod, "release_freed_memory", lambda: calls.append(1))
+    monkeypatch.setattr(budget_mod, "heap_free_bytes",
+                        lambda: None if free is None else int((64 << 20) * free))
     b = MemoryBudget("64MiB")
     try:
         monkeypatch.setattr(b, "rss", lambda fast=False: b.baseline_rss + int(b.limit * over))
