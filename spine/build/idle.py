@@ -88,12 +88,17 @@ class IdleMerger:
             self._wake.clear()
             if self._stopping:
                 return
+            worked = self.slices
             while not self._stopping:
                 if not self._may_work():
                     self._stop.wait(min(QUIET_SECONDS, 0.1))
                     continue
                 wanting = [t for t in list(self._traces) if t.wants_merge()]
                 if not wanting:
+                    if self.slices != worked:
+                        # the merges done freed their inputs' decoded parts and buffers:
+                        # handed back now, while nothing else runs, once RSS is high
+                        self._settle()
                     self._idle.set()
                     break
                 for trace in wanting:
@@ -112,6 +117,12 @@ class IdleMerger:
         # resident batches or a cache holding the rest) and no merge would ever finish
         own = sum(t.spine.merge_held_bytes() for t in list(self._traces))
         return budget.held - own <= budget.limit // 2
+
+    def _settle(self) -> None:
+        try:
+            self.ctx.settle()
+        except Exception:   # noqa: BLE001 - a trim that fails leaves memory as it was
+            pass
 
     def _slice(self, trace) -> None:
         try:
