@@ -31,11 +31,11 @@ _MERGE_FAN_IN = 8    # runs merged into one file at a time (one decoded part eac
 # runs of 3.9M peaked at ~89 bytes a row over a 16-byte input.
 _SORT_BYTES_PER_ROW = 72
 _STARTS_BYTES_PER_ROW = 8   # a resident run's key starts: an int64 per key and one more
-# An input of known size sorts into at least half the read fan-in of runs while each run's
-# sort still holds this much: smaller runs sort in cache and touch less fresh memory. 10M
-# (int64, float64) rows from Parquet at 512 MiB: 4 runs of 2.6M arranged in 0.87-0.92 s
-# (peak RSS +322 MiB), 8 of 1.25M in 0.69-0.74 s (+211 MiB); a join reading them took
-# 0.12-0.16 s instead of 0.07.
+# An input of known size that is several runs anyway sorts into at least half the read
+# fan-in of runs while each run's sort still holds this much: smaller runs sort in cache
+# and touch less fresh memory. 10M (int64, float64) rows from Parquet at 512 MiB: 4 runs
+# of 2.6M arranged in 0.87-0.92 s (peak RSS +322 MiB), 8 of 1.25M in 0.69-0.74 s (+211
+# MiB); a join reading them took 0.12-0.16 s instead of 0.07.
 _SPREAD_RUN_BYTES = 96 << 20
 
 
@@ -169,7 +169,7 @@ class RunBuilder:
             if total_rows:   # its first batch tells the size of a row
                 first = next(stream, None)
                 if first is not None and first.num_rows:
-                    cap = self.spread(total_rows, first.nbytes / first.num_rows)
+                    cap = self.spread(total_rows, first.nbytes / first.num_rows, run_bytes)
                     run_bytes = min(cap, run_bytes)
                 batches = itertools.chain([first] if first is not None else [], stream)
             piece = run_bytes // 4 if not room else min(run_bytes, sort_cost(room, 0)) // 4
@@ -221,12 +221,17 @@ class RunBuilder:
         budget = self.ctx.budget
         return self.ctx.part_bytes if budget is None else budget.limit // 4
 
-    def spread(self, rows: int, row_bytes: float) -> int:
+    def spread(self, rows: int, row_bytes: float, run_bytes: int) -> int:
         """What a run's sort may hold for an input of ``rows`` rows of about
-        ``row_bytes``: enough for half the read fan-in of runs (the last half full,
-        as runs are cut a little short of their share), never under
-        ``_SPREAD_RUN_BYTES``."""
+        ``row_bytes`` that sorts in runs of ``run_bytes``: enough for half the read
+        fan-in of runs (the last half full, as runs are cut a little short of their
+        share), never under ``_SPREAD_RUN_BYTES``. An input that one run holds stays one
+        run: an insert cut in two is two batches for every read to walk (an 800k-row
+        delta in two halves took a view's refresh over the 40M orders from 0.075 s to
+        0.105 s)."""
         whole = sort_cost(int(rows * row_bytes), rows)
+        if whole <= run_bytes:
+            return run_bytes
         runs = max(1, self.ctx.read_fan_in // 2)
         return max(_SPREAD_RUN_BYTES, 2 * whole // (2 * runs - 1) + 1)
 

@@ -512,12 +512,15 @@ def test_runs_hold_half_the_budget_by_their_sort_cost(tmp_path, monkeypatch):
     assert len(sealed) >= 4 and sum(rows for _, rows in sealed) == n
 
 
-@pytest.mark.parametrize("kind", ["table", "parquet", "stream"])
+@pytest.mark.parametrize("kind, budget, want", [
+    ("table", "16MiB", "half"), ("parquet", "16MiB", "half"), ("stream", "16MiB", 3),
+    ("table", "512MiB", 1), ("parquet", "512MiB", 1)])
 def test_an_input_of_known_size_spreads_over_half_the_fan_in_of_runs(tmp_path, monkeypatch,
-                                                                      kind):
+                                                                      kind, budget, want):
     """A table or a Parquet file, whose size is known before it is read, sorts into half
-    the read fan-in of runs (each run's sort holding at least ``_SPREAD_RUN_BYTES``); a
-    stream, of unknown size, into runs as large as the budget allows."""
+    the read fan-in of runs (each run's sort holding at least ``_SPREAD_RUN_BYTES``)
+    when it is several runs anyway; a stream, of unknown size, into runs as large as the
+    budget allows; an input that one run holds stays one run."""
     import pyarrow.parquet as pq
 
     from arrangedb import Engine
@@ -535,12 +538,12 @@ def test_an_input_of_known_size_spreads_over_half_the_fan_in_of_runs(tmp_path, m
     if kind == "parquet":
         data = str(tmp_path / "t.parquet")
         pq.write_table(t, data, row_group_size=1 << 15)
-    with Engine(spill_dir=tmp_path, memory_budget="512MiB") as engine:
+    with Engine(spill_dir=tmp_path, memory_budget=budget) as engine:
         trace = engine.arrange(data, key=["k"], vals=["v"])
         got = trace.snapshot().read_all()
         half = engine.ctx.read_fan_in // 2
     assert sum(sealed) == n
-    assert len(sealed) == (1 if kind == "stream" else half)
+    assert len(sealed) == (half if want == "half" else want) and half != 3
     want = pa.table({"k": t["k"], "v": t["v"]}).group_by(["k", "v"]).aggregate(
         [("k", "count")]).sort_by([("k", "ascending"), ("v", "ascending")])
     assert got["k"].to_pylist() == want["k"].to_pylist()
