@@ -89,12 +89,11 @@ def sorted_rows(kc: np.ndarray, vc, times: np.ndarray | None, presorted_runs: bo
         return np.arange(n, dtype=np.int64), np.zeros(min(n, 1), np.int64), kc
     if _in_order(columns):   # a delta computed in key order: checked in a pass or two
         return np.arange(n, dtype=np.int64), row_starts(*columns), kc
-    if not presorted_runs and _two_runs(kc):
-        presorted_runs = True   # timsort merges two runs in one linear pass
     if any(c.dtype.kind not in "iub" for c in columns):
         order = _lsd_order(columns)
         return order, row_starts(*[c[order] for c in columns]), None
     if len(columns) == 1:
+        presorted_runs = presorted_runs or _few_runs(kc)
         packed = _packed_argsort(kc, stable_merge=presorted_runs, ties=True)
         if packed is None:
             order = np.argsort(kc, kind="stable")
@@ -120,10 +119,14 @@ def _in_order(columns: list[np.ndarray]) -> bool:
     return True
 
 
-def _two_runs(first: np.ndarray) -> bool:
-    """Whether ``first`` falls only once: two runs in its order end to end, as an update
-    of rows read in key order is (their retractions, then their new versions)."""
-    return int(np.count_nonzero(first[1:] < first[:-1])) == 1
+def _few_runs(values: np.ndarray) -> bool:
+    """Whether ``values`` are a few sorted runs end to end -- they fall at most once per
+    1024 values -- as the rows of an update read in key order are (their retractions,
+    then their new versions, a few rows of one key out of order): timsort merges such
+    runs in about one linear pass. Judged on all the sort's bits: keys in two runs whose
+    rows are out of order within each key make many short runs, which timsort sorts
+    slower than the vectorized sort (800k rows, 100 per key: 20 ms against 11)."""
+    return int(np.count_nonzero(values[1:] < values[:-1])) <= 1 + len(values) // 1024
 
 
 def _starts_of(ties: np.ndarray) -> np.ndarray:
@@ -190,6 +193,7 @@ def _prefix_order(columns: list[np.ndarray], presorted_runs: bool = False,
         used += take
     whole, lead_bits, lo = first
     whole = whole and unpack
+    presorted_runs = presorted_runs or _few_runs(prefix)
     # the prefix is its own offset (its columns' are): below 2**used, no offsetting pass
     packed = _packed_argsort(prefix, stable_merge=presorted_runs, ties=True, bits=used,
                              values=whole)

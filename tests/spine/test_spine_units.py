@@ -135,11 +135,13 @@ def test_large_sorts_split_across_threads_stay_exact_and_stable():
 
 @settings(max_examples=300)
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 7), st.integers(0, 255)),
-                min_size=2, max_size=200), st.booleans(), st.booleans())
-def test_sort_rows_orders_like_lexsort_when_val_prefixes_tie(rows, presorted, in_order):
+                min_size=2, max_size=200), st.booleans(), st.booleans(), st.booleans())
+def test_sort_rows_orders_like_lexsort_when_val_prefixes_tie(rows, presorted, in_order,
+                                                             told):
     """Vals that agree in their leading bits and differ far below them: the packed
     prefix sort ties on them, and the refinement must still order them exactly. Rows
-    already in order (a delta made in key order) come back as they are."""
+    already in order (a delta made in key order) come back as they are. Two sorted
+    runs end to end are merged whether the caller says so or the sort finds it."""
     k = np.array([r[0] for r in rows], np.int64)
     v = (np.array([r[1] for r in rows], np.uint64) << np.uint64(60)) | \
         np.array([r[2] for r in rows], np.uint64)
@@ -151,13 +153,13 @@ def test_sort_rows_orders_like_lexsort_when_val_prefixes_tie(rows, presorted, in
         for lo, hi in ((0, half), (half, len(rows))):
             o = np.lexsort((v[lo:hi], k[lo:hi]))
             k[lo:hi], v[lo:hi] = k[lo:hi][o], v[lo:hi][o]
-    order, starts = sort_rows(k, v, None, presorted_runs=presorted)
+    order, starts = sort_rows(k, v, None, presorted_runs=presorted and told)
     expected = np.lexsort((v, k))
     if in_order:
         assert np.array_equal(order, np.arange(len(k)))
     assert np.array_equal(k[order], k[expected]) and np.array_equal(v[order], v[expected])
     assert np.array_equal(starts, _distinct_starts(k[order], v[order]))
-    korder, kstarts = sort_rows(k, None, None, presorted_runs=presorted)   # the key alone
+    korder, kstarts = sort_rows(k, None, None, presorted_runs=presorted and told)   # key alone
     assert np.array_equal(k[korder], np.sort(k))
     assert np.array_equal(kstarts, _distinct_starts(k[korder]))
 
