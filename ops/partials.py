@@ -6,9 +6,10 @@ per key below a join) and the Spark integration (partials per task, combined aft
 shuffle).
 
 Groups are found by Arrow's grouped kernels, or without hashing where the data allows:
-:func:`bincount_groups` counts dictionary codes and small integers with
-``np.bincount``, :func:`run_groups` sums the runs of a sorted column with
-``np.add.reduceat``.
+:func:`bincount_groups` counts dictionary codes with ``np.bincount``, :func:`run_groups`
+sums the runs of a sorted column with ``np.add.reduceat``, and
+:func:`~arrangedb.ops.dense_groups.dense_groups` sums an integer column of a small
+range by slot.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from arrangedb.ops.aggregate import (LIMB_SEP, as_comparable, decimal_limbs, dec
                                      fold_limbs, limbs_to_decimal, numeric_values,
                                      output_field, sum_type)
 from arrangedb.ops.code_totals import CodeTotals, per_array
+from arrangedb.ops.dense_groups import dense_groups
 
 
 _COMBINE = {"n": "sum", "s": "sum", "v": "sum", "min": "min", "max": "max"}
@@ -83,6 +85,8 @@ class Partials:
             fast = bincount_groups(chunk, self.by, cols)
             if fast is None:
                 fast = run_groups(chunk, self.by, cols)
+            if fast is None:
+                fast = dense_groups(chunk, self.by, cols)
             if fast is not None:
                 return self.fold(fast)
         table = {b: chunk.column(b) for b in self.by}
@@ -97,7 +101,10 @@ class Partials:
         specs = [(c, _COMBINE[c.rsplit("__", 1)[1].split(LIMB_SEP)[0]])
                  for c in table.column_names if c not in self.by]
         if all(fn == "sum" for _, fn in specs):   # partials of consecutive sorted chunks
-            fast = run_groups(table, self.by, {c: table.column(c) for c, _ in specs})
+            cols = {c: table.column(c) for c, _ in specs}
+            fast = run_groups(table, self.by, cols)
+            if fast is None:
+                fast = dense_groups(table, self.by, cols)
             if fast is not None:
                 return fast
         grouped = table
