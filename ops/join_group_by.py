@@ -89,6 +89,10 @@ def pushdown_side(left, right, by: list[str], aggs: dict, how: str) -> int | Non
     return _pushdown_side(left, right, by, aggs, how)
 
 
+def _coded(t: pa.DataType) -> bool:
+    return dictionary_readable(t) and not pa.types.is_integer(t)
+
+
 def _updates(trace) -> int:
     return sum(len(b) for b in trace.batches())
 
@@ -110,9 +114,10 @@ def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: Partials,
     which decides whether a group exists and whether a sum is null -- needs its
     consolidated count."""
     by_b = [where[b][1] for b in by if where[b][0] == b_side]
-    # read as codes where it can be: a block's codes group by bincount
-    dictionary = frozenset(c for c in by_b
-                           if dictionary_readable(b_trace.val_schema.field(c).type))
+    # strings read as codes: a block's codes group by bincount. Integers are read as
+    # they are: a wide-ranging one (a customer id) would be hashed into a dictionary
+    # per block, and a narrow one groups by slot (dense_groups) as fast as codes do
+    dictionary = frozenset(c for c in by_b if _coded(b_trace.val_schema.field(c).type))
     if key_partials.linear:
         a_gens = batch_part_blocks(a_trace, at, sums=key_partials.sums,
                                    columns=key_partials.columns)
@@ -137,15 +142,22 @@ def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: Partials,
             if grouped.num_rows:
                 yield partials.as_partials(grouped)
             return
+        pairs = []
         for pieces in got:   # one batch's keys: sorted and distinct, as a match needs
+            if not pieces:   # this batch has no keys through the block
+                continue
             keys = (pieces[0][0] if len(pieces) == 1
                     else pa.concat_tables([k for k, _ in pieces]).combine_chunks())
             sums = (pieces[0][1] if len(pieces) == 1
                     else _concatenated([s for _, s in pieces]))
             li, ri = match_keys(keys, bb.keys)
             if len(li):
-                groups, cols = key_pairs(keys, bb, li, ri, by, where, b_side, sums)
-                yield partials.as_partials(grouped_pairs(groups, cols, by, partials))
+                pairs.append(key_pairs(keys, bb, li, ri, by, where, b_side, sums))
+        if pairs:   # every batch's pairs grouped at once: one grouping per block
+            groups = {b: pa.chunked_array([c for g, _ in pairs for c in _chunks(g[b])])
+                      for b in by}
+            cols = pairs[0][1] if len(pairs) == 1 else _concatenated([c for _, c in pairs])
+            yield partials.as_partials(grouped_pairs(groups, cols, by, partials))
 
     # per A batch: the rest of a part reaching past a B block, and whether it is done
     carry, done = [None] * len(a_streams), [False] * len(a_streams)
@@ -227,6 +239,10 @@ def coded_groups(got: list, bb: Block, column: str, name: str) -> pa.Table | Non
         if not totals.add(group_codes[at], None if null is None else null[at], cols):
             return None
     return totals.table(name)
+
+
+def _chunks(column) -> list[pa.Array]:
+    return column.chunks if isinstance(column, pa.ChunkedArray) else [column]
 
 
 def _cut(item: tuple, lo: int, hi: int) -> tuple:
