@@ -2,10 +2,10 @@
 
 Each value less the smallest is its group's slot, and ``np.bincount`` sums the partials
 into one array per partial, as DuckDB's perfect hash aggregation does: customer ids,
-dates as days, small enumerations. 7.5M partial rows of 750k customer ids grouped in
-0.09 s this way, against 1.3 s through Arrow's hash grouping. The slot arrays stay
-near the input's size (at most four slots per row, and 1M slots), as a hash table
-would.
+dates as days, small enumerations. 7.5M rows of 750k customer ids with a count and a
+float sum group in 0.16 s this way, against 0.47 s through Arrow's hash grouping (in
+1M-row chunks, as ``group_by`` hands them over: 0.11 s). The slot arrays stay near the
+input's size (at most four slots per row, and 1M slots), as a hash table would.
 
 Arithmetic: float partials are summed in row order; integer partials exactly -- by
 ``bincount`` while every total stays below 2**53, else signed ones by ``np.add.at``
@@ -68,8 +68,8 @@ def _summed(slot: np.ndarray, c: np.ndarray, span: int) -> np.ndarray | None:
     """``c`` summed per slot: float64 for floats, int64 for integers (exactly)."""
     if c.dtype.kind == "f":
         return np.bincount(slot, weights=c, minlength=span)
-    if c.dtype.kind not in "iub" or not len(c):
-        return None if c.dtype.kind not in "iub" else np.zeros(span, np.int64)
+    if c.dtype.kind not in "iub":
+        return None
     largest = max(abs(int(c.max())), abs(int(c.min())))
     if largest * len(c) < 2 ** 53:   # every total, and every sum on the way, is exact
         return np.bincount(slot, weights=c, minlength=span).astype(np.int64)
