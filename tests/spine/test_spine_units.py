@@ -553,6 +553,50 @@ def test_an_input_of_known_size_spreads_over_half_the_fan_in_of_runs(tmp_path, m
     assert got["count"].to_pylist() == want["k_count"].to_pylist()
 
 
+@pytest.mark.parametrize("misjudged", [False, True])
+def test_runs_of_known_input_that_will_be_merged_have_larger_parts(tmp_path, monkeypatch,
+                                                                   misjudged):
+    """An input of known size that sorts into more runs than a read walks writes the
+    runs that merging down will take with parts as large as a merge's fan-in allows
+    (a merge reads fewer runs at once than a read); those runs are merged away whatever
+    the count, so what remains has parts of the base size. ``misjudged``: the runs
+    come out fewer than foreseen, and the leading large-part runs left over are merged
+    too."""
+    from arrangedb import Engine
+    from arrangedb.spine.build import runs as runs_module
+
+    sealed = []   # (run, part_bytes) per run
+    real = runs_module.RunBuilder.seal
+
+    def seal(self, buffered, reserved, *a):
+        run = real(self, buffered, reserved, *a)
+        sealed.append((run, a[4] if len(a) > 4 else None))
+        return run
+    monkeypatch.setattr(runs_module.RunBuilder, "seal", seal)
+    monkeypatch.setattr(runs_module, "_MERGE_FAN_IN", 4)   # half the read fan-in
+    if misjudged:   # foresee 8 more runs than there will be
+        ahead = runs_module.RunBuilder.merged_ahead
+        monkeypatch.setattr(runs_module.RunBuilder, "merged_ahead",
+                            lambda self, *a: ahead(self, *a) + 8)
+    n = 900_000
+    rng = np.random.default_rng(4)
+    t = pa.table({"k": rng.integers(0, 50_000, n), "v": rng.integers(0, 1000, n)})
+    with Engine(spill_dir=tmp_path, memory_budget="64MiB", idle_merge=False) as engine:
+        engine.ctx.read_fan_in, engine.ctx.run_bytes = 8, 6 << 20
+        base = engine.ctx.part_bytes
+        trace = engine.arrange(t, key=["k"], vals=["v"])
+        got = trace.snapshot().read_all()
+        batches = trace.batches()
+    large = [id(run) for run, part in sealed if part == 2 * base]
+    assert len(sealed) >= 12 and len(large) >= len(sealed) - 8 - 1
+    assert [part for _, part in sealed[:len(large)]] == [2 * base] * len(large)
+    assert len(batches) <= 8 and not {id(b) for b in batches} & set(large)
+    want = pa.table({"k": t["k"], "v": t["v"]}).group_by(["k", "v"]).aggregate(
+        [("k", "count")]).sort_by([("k", "ascending"), ("v", "ascending")])
+    assert got["k"].to_pylist() == want["k"].to_pylist()
+    assert got["count"].to_pylist() == want["k_count"].to_pylist()
+
+
 @pytest.mark.parametrize("kind", ["batch", "parquet"])
 def test_one_large_input_batch_is_sorted_within_a_small_budget(tmp_path, kind):
     """A single batch far larger than a run (a RecordBatch, Parquet's 256k-row batches of
