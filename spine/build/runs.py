@@ -122,6 +122,7 @@ class RunBuilder:
         buffered: list[Updates] = []
         size = rows = peak = 0   # peak: the largest sort's cost
         to_merge = 0   # the leading runs an input of known size will have merged down
+        oversized: list[Batch] = []   # those written with a merge's larger parts
 
         def seal(alone: bool = False):
             """Sort what is buffered into a run; its reservation passes to seal."""
@@ -130,6 +131,8 @@ class RunBuilder:
             merged = len(runs) < to_merge and not alone
             runs.append(self.seal(buffered, reserved, resident, max_resident, new_writer,
                                   alone, self.merged_part_bytes() if merged else None))
+            if merged and not (store is not None and store.holds(runs[-1])):
+                oversized.append(runs[-1])   # a resident run was kept whole, not written
             buffered = []
             run_bytes = self.run_bytes() if cap is None else min(cap, self.run_bytes())
             # runs cut to the resident room while they are kept: once one is paged out,
@@ -201,7 +204,7 @@ class RunBuilder:
             if buffered:
                 seal(alone=not runs)
             if merge:
-                runs[:] = self.merge_down(runs, min(to_merge, len(runs)))
+                runs[:] = self.merge_down(runs, oversized)
         except BaseException:
             drop(runs)   # a failed build leaves nothing behind
             raise
@@ -316,20 +319,20 @@ class RunBuilder:
         finally:
             self.ctx.release(reserved)
 
-    def merge_down(self, runs: list[Batch], oversized: int = 0) -> list[Batch]:
+    def merge_down(self, runs: list[Batch], oversized: list[Batch] = ()) -> list[Batch]:
         """Merge the oldest runs (up to ``_MERGE_FAN_IN`` at a time) until at most
         ``ctx.read_fan_in`` remain: few enough for a reader to walk them all at once
         within the budget, one decoded part each (see ``StorageContext.for_budget``).
-        The first ``oversized`` runs have parts too large for that walk
+        The ``oversized`` runs (the oldest) have parts too large for that walk
         (:meth:`merged_part_bytes`): they are merged whatever the count. If a merge
         fails, the outputs made so far are dropped and ``runs`` are left to the caller
         as they were."""
-        big = {id(r) for r in runs[:oversized]}
+        big = {id(r) for r in oversized}
         runs = [r for r in runs if len(r)]
         fan_in = self.ctx.read_fan_in
         made: list[Batch] = []
         try:
-            while len(runs) > fan_in or (len(runs) > 1 and id(runs[0]) in big):
+            while len(runs) > fan_in or (len(runs) > 1 and any(id(r) in big for r in runs)):
                 take = max(2, min(_MERGE_FAN_IN, len(runs) - fan_in + 1))
                 made.append(Merger(runs[:take], 0, self.ctx).finish())
                 runs = runs[take:] + [made[-1]]
