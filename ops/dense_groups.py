@@ -78,3 +78,93 @@ def _summed(slot: np.ndarray, c: np.ndarray, span: int) -> np.ndarray | None:
     total = np.zeros(span, np.int64)
     np.add.at(total, slot, c.astype(np.int64, copy=False))
     return total
+
+
+class SlotTotals:
+    """Running totals per slot of one integer group column, across a grouping's chunks:
+    each chunk's grouped partials (one row per group) are added into one array per
+    partial, so a grouping of many chunks over a narrow range of integers never holds,
+    combines or spills tables of partials -- one pass, as DuckDB's perfect hash
+    aggregation. The arrays grow as chunks widen the range, up to ``max_slots``.
+    """
+
+    def __init__(self, by: str, key_type: pa.DataType, dtypes: dict, max_slots: int):
+        self.by, self.key_type, self.dtypes, self.max_slots = by, key_type, dtypes, max_slots
+        self.lo = None   # the value of slot 0
+        self.present = np.zeros(0, bool)
+        self.totals = {p: np.zeros(0, t) for p, t in dtypes.items()}
+
+    @classmethod
+    def for_partials(cls, schema: pa.Schema, by: list[str], max_slots: int
+                     ) -> "SlotTotals | None":
+        """Totals for grouped partials of ``schema`` (the group column, then the
+        partials), or None unless one integer group column and int64 or float64 partials
+        only (counts and sums: mins, maxes and decimal sums keep the general path)."""
+        if len(by) != 1 or not pa.types.is_integer(schema.field(by[0]).type):
+            return None
+        dtypes = {}
+        for f in schema:
+            if f.name == by[0]:
+                continue
+            if f.type not in (pa.int64(), pa.float64()):
+                return None
+            dtypes[f.name] = np.dtype(f.type.to_pandas_dtype())
+        return cls(by[0], schema.field(by[0]).type, dtypes, max_slots)
+
+    @property
+    def nbytes(self) -> int:
+        return self.present.nbytes + sum(t.nbytes for t in self.totals.values())
+
+    def add(self, part: pa.Table) -> pa.Table | None:
+        """Add grouped partials (distinct groups); the rows left out (a null group) are
+        returned, or None, with nothing added, when the part's groups would widen the
+        range past ``max_slots`` (or its columns do not fit)."""
+        column = part.column(self.by)
+        if column.type != self.key_type or any(part.column(p).null_count
+                                               for p in self.totals):
+            return None
+        keep = None
+        if column.null_count:
+            keep = column.is_valid().to_numpy(zero_copy_only=False)
+            column = column.filter(pa.array(keep))
+        if len(column):
+            keys = column.to_numpy().astype(np.int64 if column.type != pa.uint64()
+                                            else np.uint64, copy=False)
+            lo, hi = int(keys.min()), int(keys.max())
+            if self.lo is not None:
+                lo, hi = min(lo, self.lo), max(hi, self.lo + len(self.present) - 1)
+            if hi - lo + 1 > self.max_slots:
+                return None
+            self._cover(lo, hi)
+            slot = (keys - keys.dtype.type(self.lo)).astype(np.intp, copy=False)
+            for p, total in self.totals.items():
+                values = part.column(p)
+                if keep is not None:
+                    values = values.filter(pa.array(keep))
+                total[slot] += values.to_numpy()   # the part's groups are distinct
+            self.present[slot] = True
+        return part.slice(0, 0) if keep is None else part.filter(pa.array(~keep))
+
+    def _cover(self, lo: int, hi: int) -> None:
+        """Grow the arrays to slots ``lo..hi`` (values), keeping what they hold."""
+        span = hi - lo + 1
+        if self.lo == lo and len(self.present) == span:
+            return
+        at = 0 if self.lo is None else self.lo - lo
+        grown = np.zeros(span, bool)
+        grown[at:at + len(self.present)] = self.present
+        self.present = grown
+        for p, total in self.totals.items():
+            t = np.zeros(span, total.dtype)
+            t[at:at + len(total)] = total
+            self.totals[p] = t
+        self.lo = lo
+
+    def table(self) -> pa.Table:
+        """One row per group with partials added, in ascending order."""
+        present = np.flatnonzero(self.present)
+        wide = np.uint64 if self.key_type == pa.uint64() else np.int64
+        keys = present.astype(wide) + wide(self.lo if self.lo is not None else 0)
+        out = {self.by: pa.array(keys, pa.from_numpy_dtype(wide)).cast(self.key_type)}
+        out.update((p, pa.array(t[present])) for p, t in self.totals.items())
+        return pa.table(out)
