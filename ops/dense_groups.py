@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 SLOTS_PER_ROW = 4     # a range up to four times the rows (plus SLOTS_FLOOR) goes by slot,
 SLOTS_FLOOR = 1 << 12
@@ -49,8 +50,7 @@ def dense_groups(chunk: pa.Table, by: list[str], cols: dict) -> pa.Table | None:
                 return None
             c = c.to_numpy()
         values[id(cols[p])] = c
-    wide = np.uint64 if keys.dtype.kind == "u" else np.int64   # narrow keys' offsets wrap
-    slot = (keys.astype(wide, copy=False) - wide(lo)).astype(np.intp, copy=False)
+    slot = _slots(keys, lo)
     rows = np.bincount(slot, minlength=span)
     totals = {}
     for i, c in values.items():
@@ -58,10 +58,27 @@ def dense_groups(chunk: pa.Table, by: list[str], cols: dict) -> pa.Table | None:
         if totals[i] is None:
             return None
     present = np.flatnonzero(rows)
-    out = {by[0]: pa.array((present.astype(wide) + wide(lo)).astype(keys.dtype), column.type)}
+    out = {by[0]: _values(present, lo, column.type)}
     for p, c in cols.items():
         out[p] = pa.array((rows if c is None else totals[id(c)])[present])
     return pa.table(out)
+
+
+def _wide(t: pa.DataType) -> type:
+    """The 64-bit integer type keys of ``t`` are offset in (narrow types' offsets wrap)."""
+    return np.uint64 if pa.types.is_unsigned_integer(t) else np.int64
+
+
+def _slots(keys: np.ndarray, lo: int) -> np.ndarray:
+    """Each key's slot: its offset from ``lo``."""
+    wide = np.uint64 if keys.dtype.kind == "u" else np.int64
+    return (keys.astype(wide, copy=False) - wide(lo)).astype(np.intp, copy=False)
+
+
+def _values(slots: np.ndarray, lo: int, t: pa.DataType) -> pa.Array:
+    """The keys of type ``t`` at ``slots`` (the inverse of :func:`_slots`)."""
+    wide = _wide(t)
+    return pa.array(slots.astype(wide) + wide(lo), pa.from_numpy_dtype(wide)).cast(t)
 
 
 def _summed(slot: np.ndarray, c: np.ndarray, span: int) -> np.ndarray | None:
@@ -123,27 +140,24 @@ class SlotTotals:
         if column.type != self.key_type or any(part.column(p).null_count
                                                for p in self.totals):
             return None
-        keep = None
+        left = part.slice(0, 0)
         if column.null_count:
-            keep = column.is_valid().to_numpy(zero_copy_only=False)
-            column = column.filter(pa.array(keep))
+            valid = column.is_valid()
+            left, part = part.filter(pc.invert(valid)), part.filter(valid)
+            column = part.column(self.by)
         if len(column):
-            keys = column.to_numpy().astype(np.int64 if column.type != pa.uint64()
-                                            else np.uint64, copy=False)
+            keys = column.to_numpy()
             lo, hi = int(keys.min()), int(keys.max())
             if self.lo is not None:
                 lo, hi = min(lo, self.lo), max(hi, self.lo + len(self.present) - 1)
             if hi - lo + 1 > self.max_slots:
                 return None
             self._cover(lo, hi)
-            slot = (keys - keys.dtype.type(self.lo)).astype(np.intp, copy=False)
+            slot = _slots(keys, self.lo)
             for p, total in self.totals.items():
-                values = part.column(p)
-                if keep is not None:
-                    values = values.filter(pa.array(keep))
-                total[slot] += values.to_numpy()   # the part's groups are distinct
+                total[slot] += part.column(p).to_numpy()   # the part's groups are distinct
             self.present[slot] = True
-        return part.slice(0, 0) if keep is None else part.filter(pa.array(~keep))
+        return left
 
     def _cover(self, lo: int, hi: int) -> None:
         """Grow the arrays to slots ``lo..hi`` (values), keeping what they hold."""
@@ -163,8 +177,6 @@ class SlotTotals:
     def table(self) -> pa.Table:
         """One row per group with partials added, in ascending order."""
         present = np.flatnonzero(self.present)
-        wide = np.uint64 if self.key_type == pa.uint64() else np.int64
-        keys = present.astype(wide) + wide(self.lo if self.lo is not None else 0)
-        out = {self.by: pa.array(keys, pa.from_numpy_dtype(wide)).cast(self.key_type)}
+        out = {self.by: _values(present, self.lo or 0, self.key_type)}
         out.update((p, pa.array(t[present])) for p, t in self.totals.items())
         return pa.table(out)
