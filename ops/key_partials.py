@@ -41,7 +41,7 @@ class KeyPartials:
         self.sums = frozenset(c for fn, c in cols if fn != "count")   # only summed
 
     def __call__(self, block: Block) -> dict[str, np.ndarray]:
-        bounds = block.key_bounds.astype(np.int64)
+        bounds = block.key_bounds.astype(np.int64, copy=False)
         starts, rows = bounds[:-1], np.diff(bounds)
         counts = block.counts
         # Counts are mostly one value (each stored row once): sum the values per key and
