@@ -60,6 +60,8 @@ class PartLayout:
     @property
     def num_updates(self) -> int:
         """Logical updates, singleton-compressed ones included."""
+        if len(self.times) == 1:   # one stored (time, diff): each leaf one update of it
+            return len(self.leaf_bounds) - 1
         return int(_expanded_counts(self.leaf_bounds).sum())
 
 
