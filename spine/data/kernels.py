@@ -22,11 +22,13 @@ from arrangedb.spine.data.order import run_lengths, sort_rows, sorted_rows
 from arrangedb.spine.data.updates import Updates, all_equal, constant
 
 
-def _key_val_codes(upd: Updates) -> tuple[np.ndarray, list[np.ndarray]]:
-    """The key's code and the vals' codes: one per val column when each is a fixed-width
-    column without nulls (the sorts take several columns; ranking them jointly would cost
-    a sort of its own), else one joint code."""
-    kc = codes([upd.keys], upd.keys.column_names)[0]
+def _key_val_codes(upd: Updates, kc: np.ndarray | None = None
+                   ) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The key's code (``kc`` when the caller has it) and the vals' codes: one per val
+    column when each is a fixed-width column without nulls (the sorts take several
+    columns; ranking them jointly would cost a sort of its own), else one joint code."""
+    if kc is None:
+        kc = codes([upd.keys], upd.keys.column_names)[0]
     if upd.vals is None or upd.vals.num_columns == 0:
         return kc, []
     names = upd.vals.column_names
@@ -87,7 +89,10 @@ def consolidate(upd: Updates, since: int | None = None, presorted_runs: bool | i
     times = upd.times
     if since:
         times = np.maximum(times, np.uint64(since))
-    kc, vcs = _key_val_codes(upd)
+    kc = codes([upd.keys], upd.keys.column_names)[0]
+    if _rising(kc):   # distinct keys in order (a dimension read by its id): every row its
+        return _nonzero_rows(upd, times)   # own, whatever its vals -- none ranked
+    kc, vcs = _key_val_codes(upd, kc)
     constant_time = all_equal(times)
     order, starts, sorted_kc = sorted_rows(kc, vcs, None if constant_time else times,
                                            presorted_runs)
@@ -115,6 +120,23 @@ def consolidate(upd: Updates, since: int | None = None, presorted_runs: bool | i
             vals = upd.vals.take(pa.array(taken)) if upd.vals is not None else None
     out_times = constant(times[0], len(rows), np.uint64) if constant_time else times[rows]
     return Updates(keys, vals, out_times, sums)
+
+
+def _rising(kc: np.ndarray) -> bool:
+    """Strictly increasing codes; unsorted ones are mostly told by their first rows."""
+    head = kc[:64]
+    return bool((head[1:] > head[:-1]).all() and (kc[1:] > kc[:-1]).all())
+
+
+def _nonzero_rows(upd: Updates, times: np.ndarray) -> Updates:
+    """``upd``, whose rows are sorted and distinct, at ``times``, less zero diffs."""
+    diffs = upd.diffs
+    if all_equal(diffs) and diffs[0] != 0:
+        return Updates(upd.keys, upd.vals, times, diffs)
+    keep = np.flatnonzero(diffs != 0)
+    if len(keep) == len(diffs):
+        return Updates(upd.keys, upd.vals, times, diffs)
+    return Updates(upd.keys, upd.vals, times, diffs).take(keep)
 
 
 def accumulate(upd: Updates, at: int | None) -> tuple[pa.Table, pa.Table | None, np.ndarray]:
