@@ -87,6 +87,11 @@ class Builder:
             self._pending, self._pending_bytes = [tail], tail.nbytes
         self._settle()
 
+    def cut(self) -> None:
+        """Write what is buffered now, the next push starting a new key: a sorted run
+        pushed after it then goes out as it is, never concatenated with the tail."""
+        self._flush()
+
     @property
     def reserved(self) -> int:
         """What the builder holds on the budget for the updates it buffers."""

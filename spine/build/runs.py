@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pyarrow as pa
 
 from arrangedb.spine.build.builder import Builder
+from arrangedb.spine.build.chain import Chain
 from arrangedb.spine.build.merger import Merger
 from arrangedb.spine.data import roles
 from arrangedb.spine.data.ingest import (Columns, is_file_input, known_rows, open_batches,
                                          read_ahead, to_updates)
-from arrangedb.spine.data.kernels import consolidate, key_starts
+from arrangedb.spine.data.kernels import consolidate, key_starts, keys_in_order
 from arrangedb.spine.data.updates import Updates
 from arrangedb.spine.storage.batch import Batch
 from arrangedb.spine.storage.context import StorageContext
@@ -72,6 +74,49 @@ def drop(batches: list[Batch]) -> None:
             pass   # an unlink the disk refuses: the file is garbage to the spill directory
 
 
+def _written(builder: Builder, run: Updates) -> Batch:
+    try:
+        builder.push(run)
+        return builder.done()
+    except BaseException:
+        builder.abort()   # its reservation and half-written file go now
+        raise
+
+
+def _split_last_key(buffered: list[Updates]) -> list[Updates]:
+    """Cut the rows at the end of ``buffered`` that hold its last key off it (returned,
+    in order), when the key is one integer column and some earlier row holds another
+    key; else nothing is cut."""
+    last = _key_values(buffered[-1])
+    if last is None or not len(last):
+        return []
+    key, tail = last[-1], []
+    for i in range(len(buffered) - 1, -1, -1):
+        values = _key_values(buffered[i])
+        if values is None:
+            break
+        for window in (values[-256:], values):   # a key's rows are mostly few
+            other = np.flatnonzero(window != key)
+            if len(other):
+                keep = len(values) - len(window) + int(other[-1]) + 1
+                tail.insert(0, buffered[i].slice(keep, len(values)))
+                buffered[i] = buffered[i].slice(0, keep)
+                del buffered[i + 1:]
+                return [t for t in tail if len(t)]
+        tail.insert(0, buffered[i])   # all of it the last key: look further back
+    return []   # one key throughout: nothing to cut
+
+
+def _key_values(upd: Updates) -> np.ndarray | None:
+    keys = upd.keys
+    if keys.num_columns != 1:
+        return None
+    col = keys.column(0)
+    if not pa.types.is_integer(col.type) or col.null_count:
+        return None
+    return col.to_numpy()
+
+
 class RunBuilder:
     """Sorts inputs of one trace's schema into runs; the spine is never touched."""
 
@@ -123,21 +168,30 @@ class RunBuilder:
         size = rows = peak = 0   # peak: the largest sort's cost
         to_merge = 0   # the leading runs an input of known size will have merged down
         oversized: list[Batch] = []   # those written with a merge's larger parts
+        # runs in key order go on into one batch (chain); resident ones stay apart
+        chain = None if resident else Chain()
 
-        def seal(alone: bool = False):
-            """Sort what is buffered into a run; its reservation passes to seal."""
+        def seal(alone: bool = False, last: bool = False):
+            """Sort what is buffered into a run; its reservation passes to seal. The
+            rows of its last key are held back for the next run unless it is the
+            ``last``: an input in key order is cut between keys, so its runs chain."""
             nonlocal buffered, size, rows, run_bytes, room
-            reserved, size, rows = size, 0, 0
-            merged = len(runs) < to_merge and not alone
-            runs.append(self.seal(buffered, reserved, resident, max_resident, new_writer,
-                                  alone, self.merged_part_bytes() if merged else None))
-            if merged and not (store is not None and store.holds(runs[-1])):
-                oversized.append(runs[-1])   # a resident run was kept whole, not written
-            buffered = []
+            run = buffered
+            tail = [] if last or chain is None else _split_last_key(run)
+            held = sum(t.nbytes for t in tail)   # stays reserved, as the next run's start
+            reserved, buffered = size - held, tail
+            size, rows = held, sum(len(t) for t in tail)
+            merged = len(runs) + (chain is not None and chain.open) < to_merge and not alone
+            done = self.seal(run, reserved, resident, max_resident, new_writer,
+                             alone, self.merged_part_bytes() if merged else None, chain)
+            runs.extend(done)
+            kept = store is not None and bool(done) and store.holds(done[-1])
+            if chain is None and merged and not kept:
+                oversized.extend(done)   # a resident run was kept whole, not written
             run_bytes = self.run_bytes() if cap is None else min(cap, self.run_bytes())
             # runs cut to the resident room while they are kept: once one is paged out,
             # small runs would only mean more merging
-            room = store.room() if store is not None and store.holds(runs[-1]) else 0
+            room = store.room() if kept else 0
 
         def excess(nbytes: int, n: int) -> float:
             """How far a run of ``n`` updates in ``nbytes`` is past its sort's share, or
@@ -202,10 +256,17 @@ class RunBuilder:
                 if excess(size, rows) >= 0:   # full
                     seal()
             if buffered:
-                seal(alone=not runs)
+                seal(alone=not runs and not (chain is not None and chain.open), last=True)
+            if chain is not None:
+                closed = chain.close()
+                if closed is not None:
+                    runs.append(closed)
+                oversized.extend(chain.large)
             if merge:
                 runs[:] = self.merge_down(runs, oversized)
         except BaseException:
+            if chain is not None:
+                chain.abort()
             drop(runs)   # a failed build leaves nothing behind
             raise
         finally:
@@ -273,12 +334,15 @@ class RunBuilder:
 
     def seal(self, buffered: list[Updates], reserved: int, resident: bool = False,
              max_resident: int | None = None, new_writer=None, alone: bool = False,
-             part_bytes: int | None = None) -> Batch:
+             part_bytes: int | None = None, chain: Chain | None = None) -> list[Batch]:
         """Sort and write one run; gives back the reservation of its input. A
         ``resident`` run of at most ``max_resident`` updates is kept in memory instead
         when the engine admits it. A run built ``alone`` (the input's only one) is read
         on its own, and is cut into parts as a merge's output is; ``part_bytes`` sizes
         the parts of a run that is to be merged down (:meth:`merged_part_bytes`).
+        ``chain``: a run that follows the chain's open batch in key order is written on
+        into it; another one closes it and opens the next, left open when its input
+        came in key order. Returns the batches completed, in order.
 
         Sorting holds a few copies of the run at once (the concatenated input, codes,
         orders, the sorted copy): they are reserved too (:func:`sort_cost`), so the
@@ -291,6 +355,7 @@ class RunBuilder:
             try:
                 joined = Updates.concat(buffered).contiguous()
                 buffered.clear()   # one copy of the input at a time
+                ordered = chain is not None and keys_in_order(joined.keys)
                 run = consolidate(joined)
                 # input already in order comes back as it is: its buffers are the caller's
                 shared = run.keys is joined.keys
@@ -304,18 +369,26 @@ class RunBuilder:
                     and (max_resident is None or len(run) <= max_resident)):
                 starts = key_starts(run.keys)
                 if store.admits(run.nbytes + starts.nbytes):
-                    return store.make(run, starts, self.key_schema, self.val_schema,
-                                      copy=shared)
+                    return [store.make(run, starts, self.key_schema, self.val_schema,
+                                       copy=shared)]
+            if chain is not None and chain.follows(run):
+                chain.push(run)
+                return []
+            done = [chain.close()] if chain is not None and chain.open else []
             if alone:
                 part_bytes = self.ctx.whole_part_bytes(run.nbytes)
             builder = Builder(self.ctx, self.key_schema, self.val_schema, new_writer,
                               part_bytes)
+            if chain is None:
+                return [_written(builder, run)]
             try:
-                builder.push(run)
-                return builder.done()
+                chain.start(builder, run, large=part_bytes is not None and not alone)
+                if not ordered:   # keys in any order: the next run overlaps this one
+                    done.append(chain.close())
             except BaseException:
-                builder.abort()   # its reservation and half-written file go now
+                drop(done)
                 raise
+            return done
         finally:
             self.ctx.release(reserved)
 

@@ -122,6 +122,17 @@ def consolidate(upd: Updates, since: int | None = None, presorted_runs: bool | i
     return Updates(keys, vals, out_times, sums)
 
 
+def keys_in_order(keys: pa.Table) -> bool:
+    """Whether ``keys`` (rows in input order) are already sorted: one fixed-width
+    column without nulls whose values never fall (others: False, unchecked)."""
+    if len(keys.column_names) != 1 or not is_absolute([keys.schema.field(0).type]) \
+            or keys.column(0).null_count:
+        return False
+    kc = absolute_codes(keys, keys.column_names)
+    head = kc[:64]
+    return bool((head[1:] >= head[:-1]).all() and (kc[1:] >= kc[:-1]).all())
+
+
 def _rising(kc: np.ndarray) -> bool:
     """Strictly increasing codes; unsorted ones are mostly told by their first rows."""
     head = kc[:64]

@@ -1,0 +1,75 @@
+"""Chains: the runs of an input read in key order, written on into one batch.
+
+A build cuts its input into runs by what a sort may hold, and each run was a batch of
+its own. When the input comes in key order -- a dimension read by its id, a fact table
+by the key it was written in -- a run's keys all follow the previous run's: the two
+never need merging, so the second run's parts go on into the first one's page file.
+Such an input arranges into one batch whatever its size, which readers walk as one
+source and the idle merger leaves alone (a 1M-row dimension at 128 MiB was two
+batches, and a join over it merged them on every read).
+
+The chain holds its builder open between runs: the last part stays buffered until the
+chain ends, as it does between the pushes of one run (a part's worth, reserved).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from arrangedb.spine.build.builder import Builder
+from arrangedb.spine.data.codes import count_le
+from arrangedb.spine.data.updates import Updates
+from arrangedb.spine.storage.batch import Batch
+from arrangedb.spine.storage.part import boundary_key
+
+
+class Chain:
+    """The open batch of the runs of one build that follow each other in key order."""
+
+    def __init__(self):
+        self.builder: Builder | None = None
+        self._last: pa.Table | None = None   # the last key written
+        self._large = False
+        self.large: list[Batch] = []   # batches closed that were opened with large parts
+
+    @property
+    def open(self) -> bool:
+        return self.builder is not None
+
+    def follows(self, run: Updates) -> bool:
+        """Whether every key of ``run`` (sorted) comes after the open batch's last."""
+        return (self._last is not None and len(run) > 0
+                and count_le(run.keys.slice(0, 1), self._last) == 0)
+
+    def start(self, builder: Builder, run: Updates, large: bool = False) -> None:
+        """Open a batch with ``run``, written through ``builder``; ``large``: with parts
+        sized for a merge (the batch is listed in :attr:`large` once closed)."""
+        self.builder, self._large = builder, large
+        self.push(run)
+
+    def push(self, run: Updates) -> None:
+        """Write ``run`` on into the open batch (it :meth:`follows` it)."""
+        if self._last is not None:
+            self.builder.cut()
+        self.builder.push(run)
+        if len(run):
+            self._last = boundary_key(run.keys, len(run) - 1)
+
+    def close(self) -> Batch | None:
+        """The open batch, sealed (None when none is open)."""
+        builder, self.builder, self._last = self.builder, None, None
+        if builder is None:
+            return None
+        try:
+            batch = builder.done()
+        except BaseException:
+            builder.abort()
+            raise
+        if self._large:
+            self.large.append(batch)
+        return batch
+
+    def abort(self) -> None:
+        builder, self.builder, self._last = self.builder, None, None
+        if builder is not None:
+            builder.abort()

@@ -1,0 +1,66 @@
+"""Runs of an input read in key order go on into one batch (spine/build/chain.py)."""
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from arrangedb import Engine
+
+
+def _arranged(tmp_path, table: pa.Table):
+    """``table`` arranged by k (val v) with runs of ~1 MiB of sort; its batches and
+    snapshot."""
+    with Engine(spill_dir=tmp_path, memory_budget="64MiB", idle_merge=False) as engine:
+        engine.ctx.run_bytes, engine.ctx.read_fan_in = 1 << 20, 100   # no merging down
+        trace = engine.arrange(table, key=["k"], vals=["v"])
+        return trace.batches(), trace.snapshot().read_all()
+
+
+def _model(table: pa.Table) -> pa.Table:
+    return table.group_by(["k", "v"]).aggregate([("k", "count")]).sort_by(
+        [("k", "ascending"), ("v", "ascending")])
+
+
+def _same(got: pa.Table, table: pa.Table) -> None:
+    want = _model(table)
+    assert got["k"].to_pylist() == want["k"].to_pylist()
+    assert got["v"].to_pylist() == want["v"].to_pylist()
+    assert got["count"].to_pylist() == want["k_count"].to_pylist()
+
+
+@pytest.mark.parametrize("rows_per_key", [1, 7, 3000])
+def test_an_input_in_key_order_arranges_into_one_batch(tmp_path, rows_per_key):
+    """Keys in order (each with ``rows_per_key`` rows whose vals come in any order, and
+    duplicate rows): many runs, one batch, the rows as the model has them. A key's rows
+    are never split between two runs, even where a run is cut among them."""
+    rng = np.random.default_rng(rows_per_key)
+    n = 200_000
+    k = np.repeat(np.arange(n // rows_per_key + 1) * 3, rows_per_key)[:n]
+    t = pa.table({"k": k, "v": rng.integers(0, 50, n)})
+    batches, got = _arranged(tmp_path, t)
+    assert len(batches) == 1 and len(batches[0].parts) > 1
+    _same(got, t)
+
+
+def test_an_input_in_any_order_keeps_a_batch_per_run(tmp_path):
+    rng = np.random.default_rng(1)
+    n = 200_000
+    t = pa.table({"k": rng.integers(0, 20_000, n), "v": rng.integers(0, 50, n)})
+    batches, got = _arranged(tmp_path, t)
+    assert len(batches) > 1
+    _same(got, t)
+
+
+def test_a_run_that_goes_back_in_key_order_starts_a_new_batch(tmp_path):
+    """Three stretches in key order, the second starting below where the first ended:
+    the runs chain within each stretch only."""
+    rng = np.random.default_rng(2)
+    n = 100_000
+    parts = [np.arange(n) * 2, np.arange(n) * 2 + 1, np.arange(n) * 2 + 2 * n]
+    t = pa.table({"k": np.concatenate(parts), "v": rng.integers(0, 50, 3 * n)})
+    batches, got = _arranged(tmp_path, t)
+    assert 2 <= len(batches) < 6   # each stretch is several runs
+    for b in batches:
+        keys = pa.concat_tables([p.first_key for p in b.parts])["k"].to_numpy()
+        assert (np.diff(keys) > 0).all()
+    _same(got, t)
