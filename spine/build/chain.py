@@ -26,11 +26,21 @@ from arrangedb.spine.storage.part import boundary_key
 class Chain:
     """The open batch of the runs of one build that follow each other in key order."""
 
-    def __init__(self):
+    def __init__(self, whole_part_bytes=None, expected: int = 0):
+        """``whole_part_bytes``: payload bytes -> the part size of a batch read on its
+        own (``StorageContext.whole_part_bytes``); ``expected``: the input's payload,
+        when its size is known. A batch that is likely to hold the whole input (its
+        first run came in key order) has parts of that size, as a merge's output has:
+        fewer parts to read (lineitem's 30M rows, read warm: 39 parts against 47)."""
+        self._whole_part_bytes = whole_part_bytes
+        self.expected = expected
         self.builder: Builder | None = None
         self._last: pa.Table | None = None   # the last key written
+        self._payload = 0
         self._large = False
-        self.large: list[Batch] = []   # batches closed that were opened with large parts
+        # closed batches with parts larger than the base size: with other batches left,
+        # merging down takes them (a reader walking several holds a part of each)
+        self.large: list[Batch] = []
 
     @property
     def open(self) -> bool:
@@ -41,19 +51,33 @@ class Chain:
         return (self._last is not None and len(run) > 0
                 and count_le(run.keys.slice(0, 1), self._last) == 0)
 
-    def start(self, builder: Builder, run: Updates, large: bool = False) -> None:
-        """Open a batch with ``run``, written through ``builder``; ``large``: with parts
-        sized for a merge (the batch is listed in :attr:`large` once closed)."""
-        self.builder, self._large = builder, large
+    def start(self, builder: Builder, run: Updates, large: bool = False,
+              ordered: bool = False) -> None:
+        """Open a batch with ``run``, written through ``builder``; ``large``: its parts
+        are sized for a merge already; ``ordered``: ``run`` came in key order, so the
+        next runs are likely to follow it."""
+        self.builder, self._large, self._payload = builder, large, 0
+        if ordered:
+            self._grow(max(self.expected, run.nbytes))
         self.push(run)
 
     def push(self, run: Updates) -> None:
         """Write ``run`` on into the open batch (it :meth:`follows` it)."""
         if self._last is not None:
             self.builder.cut()
+            self._grow(self._payload + run.nbytes)
         self.builder.push(run)
+        self._payload += run.nbytes
         if len(run):
             self._last = boundary_key(run.keys, len(run) - 1)
+
+    def _grow(self, payload: int) -> None:
+        """Parts of a batch of ``payload`` bytes read on its own, from the next cut on."""
+        if self._whole_part_bytes is None:
+            return
+        size = self._whole_part_bytes(payload)
+        if size > self.builder.part_bytes:
+            self.builder.part_bytes, self._large = size, True
 
     def close(self) -> Batch | None:
         """The open batch, sealed (None when none is open)."""

@@ -169,7 +169,7 @@ class RunBuilder:
         to_merge = 0   # the leading runs an input of known size will have merged down
         oversized: list[Batch] = []   # those written with a merge's larger parts
         # runs in key order go on into one batch (chain); resident ones stay apart
-        chain = None if resident else Chain()
+        chain = None if resident else Chain(self.ctx.whole_part_bytes)
 
         def seal(alone: bool = False, last: bool = False):
             """Sort what is buffered into a run; its reservation passes to seal. The
@@ -230,6 +230,8 @@ class RunBuilder:
                 if first is not None and first.num_rows:
                     row_bytes = first.nbytes / first.num_rows
                     cap = self.spread(total_rows, row_bytes, run_bytes)
+                    if chain is not None:
+                        chain.expected = int(total_rows * row_bytes)
                     run_bytes = min(cap, run_bytes)
                     if merge:
                         to_merge = self.merged_ahead(total_rows, row_bytes, run_bytes)
@@ -382,7 +384,8 @@ class RunBuilder:
             if chain is None:
                 return [_written(builder, run)]
             try:
-                chain.start(builder, run, large=part_bytes is not None and not alone)
+                chain.start(builder, run, large=part_bytes is not None and not alone,
+                            ordered=ordered)
                 if not ordered:   # keys in any order: the next run overlaps this one
                     done.append(chain.close())
             except BaseException:

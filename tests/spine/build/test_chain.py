@@ -64,3 +64,49 @@ def test_a_run_that_goes_back_in_key_order_starts_a_new_batch(tmp_path):
         keys = pa.concat_tables([p.first_key for p in b.parts])["k"].to_numpy()
         assert (np.diff(keys) > 0).all()
     _same(got, t)
+
+
+def test_a_large_input_in_key_order_has_the_parts_of_a_batch_read_alone(tmp_path,
+                                                                        monkeypatch):
+    """Its one batch is cut as a merge's output is (parts grow with the input, up to the
+    large part size), where its runs alone would have been cut at the base size."""
+    from arrangedb.spine.build.builder import Builder
+
+    cut_at = []   # the part size of each part written
+    real = Builder._emit
+
+    def emit(self, *a):
+        cut_at.append(self.part_bytes)
+        return real(self, *a)
+    monkeypatch.setattr(Builder, "_emit", emit)
+    rng = np.random.default_rng(3)
+    n = 2_000_000
+    t = pa.table({"k": np.repeat(np.arange(n // 4), 4), "v": rng.integers(0, 50, n)})
+    with Engine(spill_dir=tmp_path, memory_budget="64MiB", idle_merge=False) as engine:
+        engine.ctx.run_bytes, engine.ctx.read_fan_in = 8 << 20, 100
+        base, large = engine.ctx.part_bytes, engine.ctx.large_part_bytes
+        trace = engine.arrange(t, key=["k"], vals=["v"])
+        batches = trace.batches()
+        got = trace.snapshot().read_all()
+    assert len(batches) == 1 and large > base and set(cut_at) == {large}
+    _same(got, t)
+
+
+def test_batches_with_grown_parts_are_merged_when_others_remain(tmp_path):
+    """Two stretches in key order, the second going back: two batches of grown parts,
+    which a read would walk side by side, one large part of each -- merged into one."""
+    rng = np.random.default_rng(4)
+    n = 1_000_000
+    k = np.concatenate([np.repeat(np.arange(n // 4) * 2, 4),
+                        np.repeat(np.arange(n // 4) * 2 + 1, 4)])
+    t = pa.table({"k": k, "v": rng.integers(0, 50, 2 * n)})
+    sealed = []
+    with Engine(spill_dir=tmp_path, memory_budget="64MiB", idle_merge=False) as engine:
+        engine.ctx.run_bytes, engine.ctx.read_fan_in = 8 << 20, 100
+        real = engine.ctx.new_writer
+        engine.ctx.new_writer = lambda *a: sealed.append(1) or real(*a)
+        trace = engine.arrange(t, key=["k"], vals=["v"])
+        batches = trace.batches()
+        got = trace.snapshot().read_all()
+    assert len(batches) == 1 and len(sealed) >= 3   # two chains and the merge's output
+    _same(got, t)
