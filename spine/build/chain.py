@@ -1,15 +1,16 @@
 """Chains: the runs of an input read in key order, written on into one batch.
 
-A build cuts its input into runs by what a sort may hold, and each run was a batch of
-its own. When the input comes in key order -- a dimension read by its id, a fact table
+A build cuts its input into runs by what a sort may hold, each a batch of its own
+unless it chains. When the input comes in key order -- a dimension read by its id, a fact table
 by the key it was written in -- a run's keys all follow the previous run's: the two
 never need merging, so the second run's parts go on into the first one's page file.
 Such an input arranges into one batch whatever its size, which readers walk as one
-source and the idle merger leaves alone (a 1M-row dimension at 128 MiB was two
-batches, and a join over it merged them on every read).
+source and the idle merger leaves alone (as two runs, a 1M-row dimension at 128 MiB
+would be two batches, merged by every join that reads it).
 
-The chain holds its builder open between runs: the last part stays buffered until the
-chain ends, as it does between the pushes of one run (a part's worth, reserved).
+The chain holds its builder open between runs: a run's last part stays buffered (a
+part's worth, reserved) until the next run goes on, which first writes it as it is, so
+that the next run's rows are never concatenated with it; or until the chain closes.
 """
 
 from __future__ import annotations
