@@ -63,14 +63,15 @@ class Chain:
         self.push(run)
 
     def push(self, run: Updates) -> None:
-        """Write ``run`` on into the open batch (it :meth:`follows` it)."""
+        """Write ``run`` on into the open batch (it :meth:`follows` it, or is empty)."""
+        if not len(run):
+            return
         if self._last is not None:
             self.builder.cut()
             self._grow(self._payload + run.nbytes)
         self.builder.push(run)
         self._payload += run.nbytes
-        if len(run):
-            self._last = boundary_key(run.keys, len(run) - 1)
+        self._last = boundary_key(run.keys, len(run) - 1)
 
     def _grow(self, payload: int) -> None:
         """Parts of a batch of ``payload`` bytes read on its own, from the next cut on."""

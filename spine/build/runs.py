@@ -373,8 +373,8 @@ class RunBuilder:
                 if store.admits(run.nbytes + starts.nbytes):
                     return [store.make(run, starts, self.key_schema, self.val_schema,
                                        copy=shared)]
-            if chain is not None and chain.follows(run):
-                chain.push(run)
+            if chain is not None and (chain.follows(run) or (chain.open and not len(run))):
+                chain.push(run)   # (a run that consolidated away leaves the batch open)
                 return []
             done = [chain.close()] if chain is not None and chain.open else []
             if alone:

@@ -110,3 +110,23 @@ def test_batches_with_grown_parts_are_merged_when_others_remain(tmp_path):
         got = trace.snapshot().read_all()
     assert len(batches) == 1 and len(sealed) >= 3   # two chains and the merge's output
     _same(got, t)
+
+
+def test_a_run_that_cancels_out_leaves_the_batch_open(tmp_path):
+    """Keys in order whose middle stretch is inserted and retracted at once (each row
+    twice, diffs +1 and -1): the runs of that stretch consolidate to nothing, and the
+    rows on either side still make one batch."""
+    n = 60_000
+    k = np.arange(3 * n)
+    mid = (k >= n) & (k < 2 * n)
+    keys = np.concatenate([k[:n], np.repeat(k[mid], 2), k[2 * n:]])
+    diffs = np.concatenate([np.ones(n, np.int64), np.tile([1, -1], n), np.ones(n, np.int64)])
+    t = pa.table({"k": keys, "v": keys % 7, "t": np.zeros(len(keys), np.uint64), "d": diffs})
+    with Engine(spill_dir=tmp_path, memory_budget="64MiB", idle_merge=False) as engine:
+        engine.ctx.run_bytes, engine.ctx.read_fan_in = 1 << 20, 100
+        trace = engine.arrange(t, key=["k"], vals=["v"], time="t", diff="d")
+        batches = [b for b in trace.batches() if len(b)]
+        got = trace.snapshot().read_all()
+    assert len(batches) == 1
+    kept = np.concatenate([k[:n], k[2 * n:]])
+    assert got["k"].to_pylist() == kept.tolist() and set(got["count"].to_pylist()) == {1}
