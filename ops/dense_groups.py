@@ -64,20 +64,20 @@ def dense_groups(chunk: pa.Table, by: list[str], cols: dict) -> pa.Table | None:
     return pa.table(out)
 
 
-def _wide(t: pa.DataType) -> type:
-    """The 64-bit integer type keys of ``t`` are offset in (narrow types' offsets wrap)."""
-    return np.uint64 if pa.types.is_unsigned_integer(t) else np.int64
+def _wide(unsigned: bool) -> type:
+    """The 64-bit integer type keys are offset in (narrow types' offsets wrap)."""
+    return np.uint64 if unsigned else np.int64
 
 
 def _slots(keys: np.ndarray, lo: int) -> np.ndarray:
     """Each key's slot: its offset from ``lo``."""
-    wide = np.uint64 if keys.dtype.kind == "u" else np.int64
+    wide = _wide(keys.dtype.kind == "u")
     return (keys.astype(wide, copy=False) - wide(lo)).astype(np.intp, copy=False)
 
 
 def _values(slots: np.ndarray, lo: int, t: pa.DataType) -> pa.Array:
     """The keys of type ``t`` at ``slots`` (the inverse of :func:`_slots`)."""
-    wide = _wide(t)
+    wide = _wide(pa.types.is_unsigned_integer(t))
     return pa.array(slots.astype(wide) + wide(lo), pa.from_numpy_dtype(wide)).cast(t)
 
 

@@ -140,10 +140,12 @@ def _run(partials: Partials, batches, engine, batch_rows, first, last):
     held: list[pa.Table] = []
     held_bytes = 0
     reserved = 0
+    slots: SlotTotals | None = None
 
-    def account(nbytes: int) -> None:
-        """Hold exactly ``nbytes`` of the budget for the partials kept in memory."""
+    def account() -> None:
+        """Hold exactly what the partials kept in memory take of the budget."""
         nonlocal reserved
+        nbytes = held_bytes + (slots.nbytes if slots is not None else 0)
         if nbytes > reserved:
             engine.budget.reserve(nbytes - reserved, "group_by partials")
         else:
@@ -182,12 +184,12 @@ def _run(partials: Partials, batches, engine, batch_rows, first, last):
                     part = left
             held.append(part)
             held_bytes += part.nbytes
-            account(held_bytes + (slots.nbytes if slots is not None else 0))
+            account()
             if held_bytes < limit:
                 continue
             combined = partials.combine(pa.concat_tables(held))
             held, held_bytes = [combined], combined.nbytes
-            account(held_bytes + (slots.nbytes if slots is not None else 0))
+            account()
             if held_bytes < limit // 2:
                 continue
             nulls = _has_null_key(combined, partials.by)
@@ -199,7 +201,7 @@ def _run(partials: Partials, batches, engine, batch_rows, first, last):
                 trace.insert(spill)
             held = [combined.filter(pa.array(nulls))]
             held_bytes = held[0].nbytes
-            account(held_bytes + (slots.nbytes if slots is not None else 0))
+            account()
             release_freed_memory()
         rest = partials.combine(pa.concat_tables(held)) if held else None
         if slots is not None:   # its groups and those held (null groups) are apart

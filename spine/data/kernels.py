@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from arrangedb.spine.data.codes import (absolute_codes, codes, count_le, is_absolute,
                                         sorted_row_starts)
-from arrangedb.spine.data.order import run_lengths, sort_rows, sorted_rows
+from arrangedb.spine.data.order import never_falls, run_lengths, sort_rows, sorted_rows
 from arrangedb.spine.data.updates import Updates, all_equal, constant
 
 
@@ -90,8 +90,8 @@ def consolidate(upd: Updates, since: int | None = None, presorted_runs: bool | i
     if since:
         times = np.maximum(times, np.uint64(since))
     kc = codes([upd.keys], upd.keys.column_names)[0]
-    if _rising(kc):   # distinct keys in order (a dimension read by its id): every row its
-        return _nonzero_rows(upd, times)   # own, whatever its vals -- none ranked
+    if never_falls(kc, strict=True):   # distinct keys in order (a dimension by its id):
+        return _nonzero_rows(upd, times)   # every row its own, whatever its vals
     kc, vcs = _key_val_codes(upd, kc)
     constant_time = all_equal(times)
     order, starts, sorted_kc = sorted_rows(kc, vcs, None if constant_time else times,
@@ -128,15 +128,7 @@ def keys_in_order(keys: pa.Table) -> bool:
     if len(keys.column_names) != 1 or not is_absolute([keys.schema.field(0).type]) \
             or keys.column(0).null_count:
         return False
-    kc = absolute_codes(keys, keys.column_names)
-    head = kc[:64]
-    return bool((head[1:] >= head[:-1]).all() and (kc[1:] >= kc[:-1]).all())
-
-
-def _rising(kc: np.ndarray) -> bool:
-    """Strictly increasing codes; unsorted ones are mostly told by their first rows."""
-    head = kc[:64]
-    return bool((head[1:] > head[:-1]).all() and (kc[1:] > kc[:-1]).all())
+    return never_falls(absolute_codes(keys, keys.column_names))
 
 
 def _nonzero_rows(upd: Updates, times: np.ndarray) -> Updates:

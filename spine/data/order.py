@@ -119,6 +119,16 @@ def _in_order(columns: list[np.ndarray]) -> bool:
     return True
 
 
+def never_falls(codes: np.ndarray, strict: bool = False) -> bool:
+    """Whether ``codes`` never fall (``strict``: always rise). Codes in no order are
+    mostly told by their first 64, without a pass over the rest."""
+    for part in (codes[:64], codes):
+        later, earlier = part[1:], part[:-1]
+        if not bool((later > earlier).all() if strict else (later >= earlier).all()):
+            return False
+    return True
+
+
 def _few_runs(values: np.ndarray) -> bool:
     """Whether ``values`` are a few sorted runs end to end -- they fall at most once per
     1024 values -- as the rows of an update read in key order are (their retractions,
