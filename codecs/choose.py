@@ -41,12 +41,28 @@ MIN_ZSTD_RATIO = 1.5
 _RUNS = 8
 
 
+# sorted pseudo-random fractions in [0, 1), drawn once: a sample's positions are these
+# scaled to its length (a generator per call cost ~0.15 ms, each part's choice paying it)
+_SAMPLE_AT = np.sort(np.random.default_rng(SAMPLE).random(SAMPLE))
+
+
 def sample_indices(n: int, k: int = SAMPLE) -> np.ndarray:
     """~k sorted pseudo-random positions (deterministic per length)."""
     if n <= k:
         return np.arange(n)
+    if k == SAMPLE:
+        return (_SAMPLE_AT * n).astype(np.int64)
     rng = np.random.default_rng(n)
     return np.sort(rng.integers(0, n, k))
+
+
+def _distinct(sample: np.ndarray) -> int:
+    """Distinct values of a small array, by a sort: numpy's hashing ``unique`` took
+    ~0.5 ms for 4096 integers, a sort and a comparison ~0.1 ms."""
+    if len(sample) < 2:
+        return len(sample)
+    s = np.sort(sample)
+    return 1 + int(np.count_nonzero(s[1:] != s[:-1]))
 
 
 def _contiguous_sample(values, k: int = SAMPLE):
@@ -101,7 +117,7 @@ def _choose_int(vals: np.ndarray, valid, numpy_input: bool) -> str:
     if plan["nbytes"] * 2 <= n * itemsize:
         best, best_size = "for", plan["nbytes"]
     sample = live[sample_indices(len(live))]
-    if _few_distinct(len(np.unique(sample)), len(sample)):
+    if _few_distinct(_distinct(sample), len(sample)):
         exact = pc.count_distinct(pa.array(live)).as_py()
         size = _dict_size(n, exact, itemsize)
         if size is not None and size < best_size:
