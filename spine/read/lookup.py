@@ -15,7 +15,7 @@ from arrangedb.spine.data.layout import both_ends, leaf_updates, ranges, select_
 from arrangedb.spine.data.codes import absolute_codes, codes, is_absolute
 from arrangedb.spine.data.order import row_starts, run_lengths, sort_order
 from arrangedb.spine.data.updates import Updates, concat_column, is_constant
-from arrangedb.spine.read.reader import seek_parts
+from arrangedb.spine.read.reader import part_edges
 from arrangedb.spine.storage.batch import Batch
 from arrangedb.spine.storage.dictionaries import dictionary_schema
 
@@ -112,8 +112,7 @@ def _found_keys(key_names: list[str], batch: Batch, uq: pa.Table,
     ``(lo, part, layout, pos, hit)`` -- the part's slice of ``uq`` starting at ``lo``,
     which of that slice's keys it holds (``hit``) and where (``pos``). The part is
     released once the caller goes on."""
-    part_of = seek_parts(batch, uq)    # non-decreasing: the queries are sorted
-    edges = np.searchsorted(part_of, np.arange(len(batch.parts) + 1), side="left")
+    edges = part_edges(batch, uq)
     for p in np.flatnonzero(np.diff(edges)):
         lo, hi = int(edges[p]), int(edges[p + 1])
         part = batch.parts[p]
@@ -152,7 +151,10 @@ def _lookup_batch(key_names: list[str], batch: Batch, uq: pa.Table, found: list,
     for lo, _, layout, pos, hit in _found_keys(key_names, batch, uq, dictionary):
         vals, times, diffs, owner = select_vals(layout, pos)
         found.append((vals, times, diffs))
-        found_u.append((lo + np.flatnonzero(hit))[owner])
+        u = (np.arange(lo, lo + len(hit)) if len(pos) == len(hit)
+             else lo + np.flatnonzero(hit))
+        # as many updates as keys: one each, in order (a dimension's), no gather
+        found_u.append(u if len(owner) == len(u) else u[owner])
 
 
 def row_counts(trace, keys: pa.Table, vals: pa.Table | None, at: int | None = None
@@ -313,8 +315,13 @@ def _positions(sorted_codes: np.ndarray, queries: np.ndarray) -> tuple[np.ndarra
 def _dense_positions(first: int, n: int, queries) -> tuple[np.ndarray, np.ndarray]:
     """Positions of integer queries among the keys first, first + 1, ..., first + n - 1,
     and which were found."""
-    q = queries.to_numpy() if not isinstance(queries, pa.ChunkedArray) \
-        else queries.combine_chunks().to_numpy()
+    if isinstance(queries, pa.ChunkedArray):   # a slice of the queries: one chunk, viewed
+        queries = queries.chunk(0) if queries.num_chunks == 1 else queries.combine_chunks()
+    q = queries.to_numpy()
+    if len(q) and first <= int(q[0]) and int(q[-1]) <= first + n - 1:
+        # the queries are sorted (a lookup's are) and all inside the range: every one
+        # found, no mask to build or apply
+        return q.astype(np.int64, copy=False) - np.int64(first), np.ones(len(q), dtype=bool)
     # uint64 queries beyond int64 wrap to negatives: below an unsigned first key, missed
     q = q.astype(np.int64, copy=False)
     hit = (q >= first) & (q <= first + n - 1)

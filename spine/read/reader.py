@@ -210,11 +210,14 @@ def step_updates(step: list[tuple[int, Updates, np.ndarray | None]], tag: int | 
     return Updates.concat(parts)
 
 
-def seek_parts(batch: Batch, keys: pa.Table) -> np.ndarray:
-    """For each (sorted) query key, the index of the part that may hold it (-1: before all)."""
+def part_edges(batch: Batch, keys: pa.Table) -> np.ndarray:
+    """For sorted query keys: where each part's queries begin, and the end (part ``p``
+    may hold queries ``[edges[p], edges[p + 1])``; those before ``edges[0]`` precede
+    every part). Each part's first key is searched among the queries, not each query
+    among the parts: a few searches instead of one per query."""
     if not batch.parts:
-        return np.full(keys.num_rows, -1)
+        return np.full(1, keys.num_rows, np.int64)
     firsts = batch.first_keys()
     names = keys.column_names
     qc, fc = codes([keys, firsts.rename_columns(names)], names)
-    return np.searchsorted(fc, qc, side="right") - 1
+    return np.append(np.searchsorted(qc, fc, side="left"), len(qc)).astype(np.int64)
