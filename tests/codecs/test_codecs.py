@@ -457,6 +457,28 @@ def test_helper_thread_offsets_still_reject_bad_codes():
         dictionary.PARALLEL_OFFSETS_FROM = old
 
 
+@pytest.mark.parametrize("cardinality, bits", [(2, 1), (3, 2), (16, 4), (17, 8)])
+def test_dict_take_at_rows_of_packed_codes(cardinality, bits):
+    """A lookup's take of a dictionary column reads each row's code where it lies in
+    the packed bytes (every position within a byte, both kinds of column), equal to
+    decoding the column and taking the rows; its codes alone too."""
+    rng = np.random.default_rng(cardinality)
+    n = 1001   # a last byte only partly filled
+    codes = rng.integers(0, cardinality, n)
+    rows = np.sort(rng.choice(n, 400, replace=False)).astype(np.int64)
+    for values in (codes.astype(np.int64) * 7 - 3,
+                   pa.array([f"v{c}" for c in codes])):
+        enc = encode(values, "dict")
+        assert enc.meta["code_bits"] == bits
+        stored = as_stored(enc.buffers, "numpy")
+        expected = (values[rows] if isinstance(values, np.ndarray)
+                    else values.take(pa.array(rows)))
+        assert_same(take(enc.codec, enc.version, enc.meta, stored, rows), expected)
+        if isinstance(values, pa.Array):
+            coded = take_dictionary(enc.codec, enc.version, enc.meta, stored, rows)
+            assert coded.dictionary_decode().equals(expected)
+
+
 @pytest.mark.parametrize("skew", [0.0, 1.2, 3.0])
 def test_varlen_dict_take_is_presized(skew):
     """The strings of a large column are taken into one buffer reserved from a sample of
