@@ -325,8 +325,9 @@ def _sort_values(p: np.ndarray, stable_merge) -> None:
     0.015 s, 16 runs 0.032 against 0.015), so they are sorted like random input. Large
     random input: split at its median by a selection (``partition``, about a fifth of a
     sort), then its halves sorted on two threads (numpy drops the GIL), with nothing to
-    merge after: 625k values in 6.3-7.3 ms against 9.1-9.4 for one sort, where sorting
-    the halves and merging them by timsort took 7.4-9.0 ms (2.5M: 23-25, 30-38, 30-32)."""
+    merge after: 625k values in 6.3-7.3 ms against 9.1-9.4 ms for one sort, where sorting
+    the halves and merging them by timsort took 7.4-9.0 ms (2.5M values: 23-25 ms,
+    against 30-38 ms and 30-32 ms)."""
     stable_merge = stable_merge is True or 0 < int(stable_merge) <= 2
     if stable_merge or len(p) < PARALLEL_SORT_FROM or parallel.threads() < 2:
         p.sort(kind="stable" if stable_merge else None)
