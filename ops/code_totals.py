@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 WINDOW = 1 << 16   # codes cast and counted at once
 
@@ -106,6 +107,38 @@ class CodeTotals:
                 for p in names:
                     self._float_bound[p] = self._float_bound.get(p, 0.0) + bounds[i]
         self._seen |= (rows if count_rows else piece[marker]) > 0
+        return True
+
+    def slots_of(self, dictionary: pa.Array) -> np.ndarray | None:
+        """Each value of ``dictionary`` (no nulls) as this totals' code of that value: a
+        block's codes over its own dictionary then count here. None when one is
+        missing, or the two do not compare."""
+        if dictionary.equals(self.dictionary):
+            return np.arange(len(dictionary), dtype=np.intp)
+        try:
+            at = pc.index_in(dictionary, value_set=self.dictionary)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            return None
+        return None if at.null_count else at.to_numpy().astype(np.intp)
+
+    def merge(self, other: "CodeTotals") -> bool:
+        """Add ``other``'s totals (of the same partials) into these, its groups mapped
+        onto these slots (:meth:`slots_of`); False, with nothing added, when a value of
+        its dictionary is missing here or a uint64 partial's float sums could pass what
+        float64 holds exactly."""
+        slots = self.slots_of(other.dictionary)
+        if slots is None or list(other._totals) != list(self._totals) \
+                or any(t is None for t in [*self._totals.values(), *other._totals.values()]):
+            return False
+        if any(self._float_bound.get(p, 0.0) + b >= 2**53
+               for p, b in other._float_bound.items()):
+            return False
+        onto = np.append(slots, self.slots - 1)   # its null slot onto ours
+        for p, total in other._totals.items():   # each partial's totals an array of its own
+            np.add.at(self._totals[p], onto, total)
+        self._seen[onto[other._seen]] = True
+        for p, b in other._float_bound.items():
+            self._float_bound[p] = self._float_bound.get(p, 0.0) + b
         return True
 
     def table(self, by: str) -> pa.Table:

@@ -39,12 +39,12 @@ from arrangedb.ops.partials import (Partials, bincount_groups, partial_names, pl
                                     unified)
 from arrangedb.ops.join import (HOWS, check_traces, dictionary_readable, join,
                                 output_schema, prefixed_names)
-from arrangedb.ops.code_totals import CodeTotals, per_array
+from arrangedb.ops.code_totals import per_array
+from arrangedb.ops.coded_groups import RunningTotals, coded_groups
 from arrangedb.ops.key_partials import KeyPartials
-from arrangedb.ops.match import is_range, match_codes, match_keys, range_matches
-from arrangedb.spine import (Block, absolute_codes, all_equal, batch_part_blocks,
-                              count_through, is_absolute, is_constant, nonnegative_at,
-                              part_blocks, ranges, roles)
+from arrangedb.ops.match import match_keys
+from arrangedb.spine import (Block, batch_part_blocks, count_through, is_absolute,
+                              is_constant, nonnegative_at, part_blocks, ranges, roles)
 
 LINEAR = ("count", "sum", "mean")
 
@@ -133,15 +133,23 @@ def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: Partials,
     coded = (len(by) == 1 and where[by[0]][0] == b_side and where[by[0]][1] in dictionary
              and is_absolute([f.type for f in a_trace.key_schema]))
 
+    running = RunningTotals(where[by[0]][1], by[0]) if coded else None
+
     def emit(got: list[list], bb: Block) -> Iterator[pa.RecordBatch]:
         """The groups of A's pieces ``got`` (a list per A batch) against B's block:
-        counted by code all at once when they can be, else matched batch by batch."""
-        grouped = (coded_groups([p for pieces in got for p in pieces], bb,
-                                where[by[0]][1], by[0]) if coded else None)
-        if grouped is not None:
-            if grouped.num_rows:
-                yield partials.as_partials(grouped)
-            return
+        counted by code into the running totals when they can be, else matched batch
+        by batch."""
+        if coded:
+            pieces = [p for ps in got for p in ps]
+            tables = running.add(pieces, bb)
+            if tables is None:   # not for the running totals (uint64 sums): on their own
+                grouped = coded_groups(pieces, bb, where[by[0]][1], by[0])
+                tables = None if grouped is None else [grouped]
+            if tables is not None:
+                for t in tables:
+                    if t is not None and t.num_rows:
+                        yield partials.as_partials(t)
+                return
         pairs = []
         for pieces in got:   # one batch's keys: sorted and distinct, as a match needs
             if not pieces:   # this batch has no keys through the block
@@ -194,51 +202,13 @@ def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: Partials,
                 yield from emit(got, bb)
             if all(done):
                 break   # an inner join: B's remaining keys meet nothing
+        for t in running.tables() if coded else []:
+            if t.num_rows:
+                yield partials.as_partials(t)
     finally:
         b_blocks.close()
         for gen in a_gens:
             gen.close()
-
-
-def coded_groups(got: list, bb: Block, column: str, name: str) -> pa.Table | None:
-    """The partials of A's pieces ``got`` grouped on B's dictionary column ``column``
-    (the output's group column ``name``), when B's block is a dimension (one row per
-    key, each counted once): each piece is matched against the B keys of its own range
-    and its groups' codes counted into one :class:`CodeTotals`, so that no piece is
-    concatenated with another, and keys the two sides share in order (a foreign key's
-    sums against its dimension) are matched by one comparison. None when the block is
-    not of that form."""
-    if len(bb) != bb.num_keys or not len(bb) or int(bb.counts[0]) != 1 \
-            or not all_equal(bb.counts):
-        return None
-    col = bb.vals.column(column)
-    chunk = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
-    if not pa.types.is_dictionary(chunk.type) or chunk.dictionary.null_count:
-        return None
-    names = bb.keys.column_names
-    bcodes = absolute_codes(bb.keys, names)
-    group_codes = (chunk.indices.fill_null(0) if chunk.null_count else chunk.indices
-                   ).to_numpy(zero_copy_only=False)
-    null = chunk.is_null().to_numpy(zero_copy_only=False) if chunk.null_count else None
-    totals = CodeTotals(chunk.dictionary)
-    dense = is_range(bcodes)   # a dimension's ids: A's matched keys are one slice
-    for keys, sums in got:
-        kc = absolute_codes(keys.rename_columns(names), names)
-        lo = int(np.searchsorted(bcodes, kc[0], side="left"))
-        hi = int(np.searchsorted(bcodes, kc[-1], side="right"))
-        rc = bcodes[lo:hi]
-        if dense and len(rc):   # the matched keys are one slice of the piece
-            (a, b), ri = range_matches(kc, rc)
-            at = slice(lo, hi) if b - a == len(rc) else ri + lo   # all of rc: in order
-            cols = per_array(sums, lambda x: x[a:b])
-        elif len(rc) == len(kc) and np.array_equal(kc, rc):   # the same keys
-            at, cols = slice(lo, hi), sums
-        else:
-            li, ri = match_codes(kc, rc)
-            at, cols = ri + lo, per_array(sums, lambda x: x[li])
-        if not totals.add(group_codes[at], None if null is None else null[at], cols):
-            return None
-    return totals.table(name)
 
 
 def _chunks(column) -> list[pa.Array]:

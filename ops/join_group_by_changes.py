@@ -32,8 +32,9 @@ from arrangedb.ops.common import DEFAULT_BATCH_ROWS, check_batch_rows
 from arrangedb.ops.group_by import group_by
 from arrangedb.ops.join import (block_changes, check_traces, dictionary_readable, join,
                                 output_schema)
-from arrangedb.ops.join_group_by import (coded_groups, grouped_pairs, key_pairs,
-                                         output_sides, pushdown_side)
+from arrangedb.ops.coded_groups import coded_groups
+from arrangedb.ops.join_group_by import (grouped_pairs, key_pairs, output_sides,
+                                         pushdown_side)
 from arrangedb.ops.key_partials import KeyPartials
 from arrangedb.ops.match import match_keys
 from arrangedb.ops.partials import Partials, partial_names, plain_schema

@@ -18,6 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import arrangedb as adb
+from arrangedb.ops.code_totals import CodeTotals
 from arrangedb.ops.group_by import group_by as eager_group_by
 from arrangedb.ops.join import join as eager_join
 from arrangedb.spine.read.cursor import blocks, part_blocks
@@ -395,8 +396,8 @@ def test_dimension_codes_counted_piece_by_piece(tmp_path, monkeypatch, step):
     aggs = {"n": ("count", None), "sx": ("sum", "x"), "si": ("sum", "i"),
             "ci": ("count", "i")}
     counted = []
-    table = jgb.CodeTotals.table
-    monkeypatch.setattr(jgb.CodeTotals, "table",
+    table = CodeTotals.table
+    monkeypatch.setattr(CodeTotals, "table",
                         lambda self, by: counted.append(by) or table(self, by))
     # no idle merger: the inserts must stay batches of their own
     with adb.Engine(spill_dir=tmp_path, memory_budget="16MiB", idle_merge=False) as e:
@@ -431,8 +432,8 @@ def test_a_group_column_named_apart_from_its_trace_column(tmp_path, monkeypatch)
     R = pa.table({"k": np.arange(nkeys), "g": pa.array([f"r{i % 6}" for i in range(nkeys)])})
     aggs = {"n": ("count", None), "s": ("sum", "x")}
     counted = []
-    table = jgb.CodeTotals.table
-    monkeypatch.setattr(jgb.CodeTotals, "table",
+    table = CodeTotals.table
+    monkeypatch.setattr(CodeTotals, "table",
                         lambda self, by: counted.append(by) or table(self, by))
     with adb.Engine(spill_dir=tmp_path, memory_budget="16MiB") as e:
         lt, rt = e.arrange(L, key=["k"]), e.arrange(R, key=["k"])
@@ -464,7 +465,8 @@ def test_integer_group_column_of_a_dimension_groups_by_slot(tmp_path, monkeypatc
     dense = partials_module.dense_groups
     monkeypatch.setattr(partials_module, "dense_groups",
                         lambda *a: (lambda out: slotted.append(out is not None) or out)(dense(*a)))
-    monkeypatch.setattr(jgb, "CodeTotals", None)   # no dictionary path for an integer
+    monkeypatch.setattr(importlib.import_module("arrangedb.ops.coded_groups"), "CodeTotals",
+                        None)   # no dictionary path for an integer
     aggs = {"n": ("count", None), "sx": ("sum", "x"), "si": ("sum", "i")}
     with adb.Engine(spill_dir=tmp_path, memory_budget="16MiB", idle_merge=False) as e:
         lt, rt = e.arrange(facts[0], key=["k"]), e.arrange(R, key=["k"])
