@@ -127,8 +127,7 @@ class CodeTotals:
         its dictionary is missing here or a uint64 partial's float sums could pass what
         float64 holds exactly."""
         slots = self.slots_of(other.dictionary)
-        if slots is None or list(other._totals) != list(self._totals) \
-                or any(t is None for t in [*self._totals.values(), *other._totals.values()]):
+        if slots is None or list(other._totals) != list(self._totals):
             return False
         if any(self._float_bound.get(p, 0.0) + b >= 2**53
                for p, b in other._float_bound.items()):

@@ -106,30 +106,30 @@ class RunningTotals:
     def __init__(self, column: str, name: str):
         self.column, self.name = column, name
         self._totals: list[CodeTotals] = []   # one per distinct dictionary met
-        # the last block met, coded, and the totals it counts into: a block meets several
-        # groupings of A's pieces when they hold many keys
-        self._block: tuple | None = None
+        # the last block met, coded: a block meets several groupings of A's pieces when
+        # they hold many keys
+        self._block: tuple[Block, CodedBlock | None] | None = None
 
     def add(self, got: list, bb: Block) -> list[pa.Table] | None:
         """Count ``got`` against ``bb`` into the totals of ``bb``'s dictionary; the
         tables of totals closed on the way (when many slots are held). None, with
-        nothing counted, when the pieces are not of the form :func:`coded_groups`
-        counts or carry uint64 partials (which the totals may refuse midway)."""
-        if any(x is not None and x.dtype.kind == "u" for _, sums in got
-               for x in sums.values()):
-            return None
+        nothing counted, when ``bb`` is not of the form :func:`coded_groups` counts, or
+        totals refused a piece."""
         if self._block is None or self._block[0] is not bb:
-            block, totals = coded_block(bb, self.column), None
-            if block is not None:
-                totals = next((t for t in self._totals
-                               if t.dictionary.equals(block.dictionary)), None)
-                if totals is None:
-                    totals = CodeTotals(block.dictionary)
-                    self._totals.append(totals)
-            self._block = (bb, block, totals)
-        _, block, totals = self._block
+            self._block = (bb, coded_block(bb, self.column))
+        block = self._block[1]
         if block is None:
             return None
+        if any(x is not None and x.dtype.kind == "u" for _, sums in got
+               for x in sums.values()):
+            # uint64 partials may be refused midway (CodeTotals.add): counted on their own
+            totals = CodeTotals(block.dictionary)
+            return [totals.table(self.name)] if count_pieces(got, block, totals) else None
+        totals = next((t for t in self._totals if t.dictionary.equals(block.dictionary)),
+                      None)
+        if totals is None:
+            totals = CodeTotals(block.dictionary)
+            self._totals.append(totals)
         count_pieces(got, block, totals)   # int64 and float partials: always taken
         if sum(t.slots for t in self._totals) > self.MAX_OPEN_SLOTS:
             return self.tables()

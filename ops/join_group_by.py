@@ -40,7 +40,7 @@ from arrangedb.ops.partials import (Partials, bincount_groups, partial_names, pl
 from arrangedb.ops.join import (HOWS, check_traces, dictionary_readable, join,
                                 output_schema, prefixed_names)
 from arrangedb.ops.code_totals import per_array
-from arrangedb.ops.coded_groups import RunningTotals, coded_groups
+from arrangedb.ops.coded_groups import RunningTotals
 from arrangedb.ops.key_partials import KeyPartials
 from arrangedb.ops.match import match_keys
 from arrangedb.spine import (Block, batch_part_blocks, count_through, is_absolute,
@@ -129,7 +129,7 @@ def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: Partials,
     b_blocks = part_blocks(b_trace, at, dictionary, columns=frozenset(by_b))
 
     # one group column, B's and read as codes, over keys with comparable codes: counted
-    # piece by piece (coded_groups)
+    # piece by piece, into totals that run across the read (coded_groups.RunningTotals)
     coded = (len(by) == 1 and where[by[0]][0] == b_side and where[by[0]][1] in dictionary
              and is_absolute([f.type for f in a_trace.key_schema]))
 
@@ -139,17 +139,12 @@ def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: Partials,
         """The groups of A's pieces ``got`` (a list per A batch) against B's block:
         counted by code into the running totals when they can be, else matched batch
         by batch."""
-        if coded:
-            pieces = [p for ps in got for p in ps]
-            tables = running.add(pieces, bb)
-            if tables is None:   # not for the running totals (uint64 sums): on their own
-                grouped = coded_groups(pieces, bb, where[by[0]][1], by[0])
-                tables = None if grouped is None else [grouped]
-            if tables is not None:
-                for t in tables:
-                    if t is not None and t.num_rows:
-                        yield partials.as_partials(t)
-                return
+        tables = running.add([p for ps in got for p in ps], bb) if coded else None
+        if tables is not None:
+            for t in tables:
+                if t.num_rows:
+                    yield partials.as_partials(t)
+            return
         pairs = []
         for pieces in got:   # one batch's keys: sorted and distinct, as a match needs
             if not pieces:   # this batch has no keys through the block
