@@ -19,6 +19,7 @@ import pyarrow as pa
 from arrangedb.spine.data.codes import (absolute_codes, codes, count_le, is_absolute,
                                         sorted_row_starts)
 from arrangedb.spine.data.order import never_falls, run_lengths, sort_rows, sorted_rows
+from arrangedb.spine.data.packed_rows import distinct_sorted
 from arrangedb.spine.data.updates import Updates, all_equal, constant
 
 
@@ -94,9 +95,13 @@ def consolidate(upd: Updates, since: int | None = None, presorted_runs: bool | i
         return _nonzero_rows(upd, times)   # every row its own, whatever its vals
     kc, vcs = _key_val_codes(upd, kc)
     constant_time = all_equal(times)
+    diffs = upd.diffs
+    if constant_time and all_equal(diffs) and diffs[0] != 0:
+        packed = _packed_rows(upd, kc, vcs, times[0], diffs[0], presorted_runs)
+        if packed is not None:
+            return packed
     order, starts, sorted_kc = sorted_rows(kc, vcs, None if constant_time else times,
                                            presorted_runs)
-    diffs = upd.diffs
     if all_equal(diffs):   # (an input's rows at diff 1): each row's sum is its count
         if diffs[0] == 0:
             return upd.take(np.zeros(0, dtype=np.int64))
@@ -120,6 +125,30 @@ def consolidate(upd: Updates, since: int | None = None, presorted_runs: bool | i
             vals = upd.vals.take(pa.array(taken)) if upd.vals is not None else None
     out_times = constant(times[0], len(rows), np.uint64) if constant_time else times[rows]
     return Updates(keys, vals, out_times, sums)
+
+
+def _packed_rows(upd: Updates, kc: np.ndarray, vcs: list[np.ndarray], time, diff,
+                 presorted_runs) -> Updates | None:
+    """:func:`consolidate` of rows at one time and diff whose key and vals are integer
+    columns without nulls (their codes are their values) packing into 64 bits: sorted
+    as values and unpacked (:mod:`~arrangedb.spine.data.packed_rows`), never gathered.
+    None for other rows."""
+    tables = [upd.keys] if upd.vals is None else [upd.keys, upd.vals]
+    fields = [f for t in tables for f in t.schema]
+    if upd.keys.num_columns != 1 or len(vcs) != len(fields) - 1 \
+            or not all(pa.types.is_integer(f.type) for f in fields) \
+            or any(c.null_count for t in tables for c in t.columns):
+        return None
+    got = distinct_sorted([kc, *vcs], presorted_runs)
+    if got is None:
+        return None
+    columns, counts = got
+    arrays = [pa.array(c, type=f.type) for c, f in zip(columns, fields)]
+    keys = pa.Table.from_arrays(arrays[:1], schema=upd.keys.schema)
+    vals = None if upd.vals is None else pa.Table.from_arrays(arrays[1:], schema=upd.vals.schema)
+    m = len(columns[0])
+    sums = constant(diff, m, np.int64) if counts is None else counts * np.int64(diff)
+    return Updates(keys, vals, constant(time, m, np.uint64), sums)
 
 
 def keys_in_order(keys: pa.Table) -> bool:

@@ -35,7 +35,7 @@ def run_lengths(starts: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
-def _bits(x: np.ndarray) -> tuple[int, np.ndarray, int]:
+def span_bits(x: np.ndarray) -> tuple[int, np.ndarray, int]:
     """Bits needed for ``x - min(x)``, that offset array as uint64 (always a new array,
     never a view of ``x``: callers shift it in place), and ``min(x)``."""
     lo = x.min()
@@ -50,8 +50,8 @@ def _offsets(x: np.ndarray, lo) -> np.ndarray:
     return (x - x.dtype.type(lo)).astype(np.uint64, copy=False)
 
 
-def _from_offsets(off: np.ndarray, lo: int, dtype: np.dtype) -> np.ndarray:
-    """The inverse of :func:`_bits`' offsets: ``off + lo`` in ``dtype`` (in place when
+def from_offsets(off: np.ndarray, lo: int, dtype: np.dtype) -> np.ndarray:
+    """The inverse of :func:`span_bits`' offsets: ``off + lo`` in ``dtype`` (in place when
     ``off`` is already of that width; additions wrap, as the subtraction did)."""
     out = off.view(dtype) if dtype.itemsize == 8 else off.astype(dtype)
     out += dtype.type(lo)
@@ -93,12 +93,12 @@ def sorted_rows(kc: np.ndarray, vc, times: np.ndarray | None, presorted_runs: bo
         order = _lsd_order(columns)
         return order, row_starts(*[c[order] for c in columns]), None
     if len(columns) == 1:
-        presorted_runs = presorted_runs or _few_runs(kc)
+        presorted_runs = presorted_runs or few_runs(kc)
         packed = _packed_argsort(kc, stable_merge=presorted_runs, ties=True)
         if packed is None:
             order = np.argsort(kc, kind="stable")
             return order, row_starts(kc[order]), None
-        return packed[0], _starts_of(packed[1]), None
+        return packed[0], starts_of(packed[1]), None
     return _prefix_order(columns, presorted_runs, keys)
 
 
@@ -129,7 +129,7 @@ def never_falls(codes: np.ndarray, strict: bool = False) -> bool:
     return True
 
 
-def _few_runs(values: np.ndarray) -> bool:
+def few_runs(values: np.ndarray) -> bool:
     """Whether ``values`` are a few sorted runs end to end -- they fall at most once per
     1024 values -- as the rows of an update read in key order are (their retractions,
     then their new versions, a few rows of one key out of order): timsort merges such
@@ -144,7 +144,7 @@ def _few_runs(values: np.ndarray) -> bool:
     return True
 
 
-def _starts_of(ties: np.ndarray) -> np.ndarray:
+def starts_of(ties: np.ndarray) -> np.ndarray:
     """Distinct-row starts from ``ties`` (row i+1 equals row i along the order)."""
     distinct = np.empty(len(ties) + 1, dtype=bool)
     distinct[0] = True
@@ -191,14 +191,14 @@ def _prefix_order(columns: list[np.ndarray], presorted_runs: bool = False,
     prefix = None
     used, complete, first, cut = 0, True, None, None
     for i, c in enumerate(columns):
-        bits, off, lo = _bits(c)
+        bits, off, lo = span_bits(c)
         take = min(bits, room - used)
         if take < bits and complete:   # the first column cut short: ties differ from here
             complete, cut = False, (i, lo, max(take, 0), bits)
         if take <= 0:
             break
         if take < bits:
-            off >>= np.uint64(bits - take)   # _bits' array is our own: shifted in place
+            off >>= np.uint64(bits - take)   # span_bits' array is our own: shifted in place
         if prefix is None:               # the key's offsets become the prefix
             first, prefix = (take == bits, bits, lo), off
         else:
@@ -208,7 +208,7 @@ def _prefix_order(columns: list[np.ndarray], presorted_runs: bool = False,
         used += take
     whole, lead_bits, lo = first
     whole = whole and unpack
-    presorted_runs = presorted_runs or _few_runs(prefix)
+    presorted_runs = presorted_runs or few_runs(prefix)
     # the prefix is its own offset (its columns' are): below 2**used, no offsetting pass
     packed = _packed_argsort(prefix, stable_merge=presorted_runs, ties=True, bits=used,
                              values=whole)
@@ -216,10 +216,10 @@ def _prefix_order(columns: list[np.ndarray], presorted_runs: bool = False,
     if whole:
         lead = packed[2]
         lead >>= np.uint64(used - lead_bits)
-        lead = _from_offsets(lead, lo, columns[0].dtype)
+        lead = from_offsets(lead, lo, columns[0].dtype)
     tied = None if complete else _tie_groups(ties)   # complete: equal prefixes, equal rows
     if tied is None:
-        return order, _starts_of(ties), lead
+        return order, starts_of(ties), lead
     rest = columns[cut[0]:]   # the columns prefix ties can differ in
     _order_ties(order, *tied, rest, cut[1:])
     # a prefix tie is a duplicate only if every full column agrees (refined: adjacent)
@@ -296,14 +296,14 @@ def _packed_argsort(x: np.ndarray, stable_merge: bool = False, ties: bool = Fals
         return None
     index_bits = max(int(n - 1).bit_length(), 1)
     if bits is None:
-        bits, p, _ = _bits(x)              # _bits' array is our own: packed in place
+        bits, p, _ = span_bits(x)              # span_bits' array is our own: packed in place
     else:
         p = x
     if bits + index_bits > 64:
         return None
     p <<= np.uint64(index_bits)
     p |= np.arange(n, dtype=np.uint64)
-    _sort_values(p, stable_merge)
+    sort_values(p, stable_merge)
     equal = sorted_values = None
     if ties:   # equal values differ only in the index bits
         equal = np.bitwise_xor(p[1:], p[:-1]) < np.uint64(1 << index_bits)
@@ -316,8 +316,9 @@ def _packed_argsort(x: np.ndarray, stable_merge: bool = False, ties: bool = Fals
     return (order, equal, sorted_values) if values else (order, equal)
 
 
-def _sort_values(p: np.ndarray, stable_merge) -> None:
-    """Sort ``p`` in place (its values are distinct: any sort gives one order).
+def sort_values(p: np.ndarray, stable_merge) -> None:
+    """Sort ``p`` in place (plain values: any sort gives the same array, and stability
+    is moot -- an argsort packs the row index in).
 
     Two concatenated runs (``stable_merge`` True, 1 or 2): timsort merges them in one
     linear pass. More runs (``stable_merge`` their number): timsort's merges cost more
@@ -375,7 +376,7 @@ def pack(columns: list[np.ndarray]) -> np.ndarray | None:
     """Pack integer columns (most significant first) into one uint64, if they fit."""
     if any(c.dtype.kind not in "iub" for c in columns):
         return None
-    spans = [_bits(c) for c in columns]
+    spans = [span_bits(c) for c in columns]
     if sum(b for b, _, _ in spans) > 64:
         return None
     out = np.zeros(len(columns[0]), dtype=np.uint64)

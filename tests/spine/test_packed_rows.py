@@ -1,0 +1,99 @@
+"""Rows sorted as packed values (spine/data/packed_rows.py), against a model: the sorted
+distinct rows and their counts, as Python sorts and counts tuples."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import hypothesis.strategies as st
+import numpy as np
+import pyarrow as pa
+from hypothesis import given, settings
+
+from arrangedb.spine.data.kernels import consolidate
+from arrangedb.spine.data.order import PARALLEL_SORT_FROM
+from arrangedb.spine.data.packed_rows import distinct_sorted
+from arrangedb.spine.data.updates import Updates
+
+DTYPES = ["int8", "int32", "int64", "uint16", "uint32", "uint64"]
+
+
+def _column(dtype: str, raw: list[int], span_bits: int) -> np.ndarray:
+    """``raw`` folded into a span of ``span_bits`` bits from the dtype's minimum (its
+    extremes, negatives and values past 2**63 included)."""
+    info = np.iinfo(dtype)
+    width = min(2 ** span_bits, int(info.max) - int(info.min) + 1)
+    return np.array([int(info.min) + r % width for r in raw], dtype=object).astype(dtype)
+
+
+@settings(max_examples=300)
+@given(st.lists(st.tuples(st.sampled_from(DTYPES), st.integers(1, 64)), min_size=1,
+                max_size=3),
+       st.data())
+def test_distinct_sorted_matches_the_model(specs, data):
+    n = data.draw(st.integers(1, 60))
+    pool = data.draw(st.integers(1, 8))   # few distinct raw values: duplicates are common
+    columns = [_column(dt, data.draw(st.lists(st.integers(0, 2**64 - 1), min_size=pool,
+                                              max_size=pool)) * n, bits)[:n]
+               for dt, bits in specs]
+    if data.draw(st.booleans()):
+        perm = np.random.default_rng(data.draw(st.integers(0, 99))).permutation(n)
+        columns = [c[perm] for c in columns]
+    got = distinct_sorted(columns)
+    need = sum(max((int(c.max()) - int(c.min())).bit_length(), 1) for c in columns)
+    if need > 64:
+        assert got is None
+        return
+    rows = Counter(zip(*(c.tolist() for c in columns)))
+    expected = sorted(rows)
+    out, counts = got
+    assert [c.dtype for c in out] == [c.dtype for c in columns]
+    assert list(zip(*(c.tolist() for c in out))) == expected
+    assert (counts.tolist() if counts is not None else [1] * len(expected)) == \
+        [rows[r] for r in expected]
+
+
+def test_rows_in_order_come_back_as_given():
+    k = np.arange(10, dtype=np.int64)
+    v = np.arange(10, dtype=np.int32) * 3
+    out, counts = distinct_sorted([k, v])
+    assert out[0] is k and out[1] is v and counts is None
+
+
+def test_floats_are_not_packed():
+    assert distinct_sorted([np.arange(4, dtype=np.int64), np.ones(4)]) is None
+
+
+def test_large_input_sorted_on_two_threads_keeps_every_duplicate():
+    rng = np.random.default_rng(3)
+    n = PARALLEL_SORT_FROM + 7_777
+    k = rng.integers(-1000, 1000, n)
+    v = rng.integers(0, 50, n).astype(np.uint32)
+    (sk, sv), counts = distinct_sorted([k, v])
+    uniq, expected = np.unique(np.stack([k, v.astype(np.int64)]), axis=1, return_counts=True)
+    assert np.array_equal(sk, uniq[0]) and np.array_equal(sv, uniq[1].astype(np.uint32))
+    assert np.array_equal(counts, expected) and counts.sum() == n
+
+
+@settings(max_examples=200)
+@given(st.lists(st.tuples(st.integers(-5, 5), st.integers(-3, 3), st.integers(0, 2**40)),
+                max_size=80),
+       st.integers(0, 3), st.sampled_from([1, -1, 3]), st.integers(0, 4),
+       st.sampled_from(["int64", "int32", "uint64"]))
+def test_consolidate_of_integer_rows_at_one_time_and_diff(rows, time, diff, since, vtype):
+    """An arrangement's input read from a file (one time, one diff, integer key and
+    vals) takes the packed path: the result equals the model's, sorted."""
+    k = pa.array([r[0] for r in rows], pa.int64())
+    a = pa.array([abs(r[1]) if vtype == "uint64" else r[1] for r in rows], vtype)
+    b = pa.array([r[2] for r in rows], pa.int64())
+    n = len(rows)
+    upd = Updates(pa.table({"k": k}), pa.table({"a": a, "b": b}),
+                  np.full(n, time, np.uint64), np.full(n, diff, np.int64))
+    got = consolidate(upd, since)
+    model = Counter(zip(k.to_pylist(), a.to_pylist(), b.to_pylist()))
+    out = list(zip(got.keys["k"].to_pylist(), got.vals["a"].to_pylist(),
+                   got.vals["b"].to_pylist()))
+    assert out == sorted(model)
+    assert got.diffs.tolist() == [model[r] * diff for r in out]
+    assert got.times.tolist() == [max(time, since)] * len(out)
+    assert got.vals.schema == upd.vals.schema and got.keys.schema == upd.keys.schema
