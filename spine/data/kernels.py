@@ -96,8 +96,8 @@ def consolidate(upd: Updates, since: int | None = None, presorted_runs: bool | i
     kc, vcs = _key_val_codes(upd, kc)
     constant_time = all_equal(times)
     diffs = upd.diffs
-    if constant_time and all_equal(diffs) and diffs[0] != 0:
-        packed = _packed_rows(upd, kc, vcs, times[0], diffs[0], presorted_runs)
+    if constant_time:
+        packed = _packed_rows(upd, kc, vcs, times[0], presorted_runs)
         if packed is not None:
             return packed
     order, starts, sorted_kc = sorted_rows(kc, vcs, None if constant_time else times,
@@ -127,27 +127,34 @@ def consolidate(upd: Updates, since: int | None = None, presorted_runs: bool | i
     return Updates(keys, vals, out_times, sums)
 
 
-def _packed_rows(upd: Updates, kc: np.ndarray, vcs: list[np.ndarray], time, diff,
+def _packed_rows(upd: Updates, kc: np.ndarray, vcs: list[np.ndarray], time,
                  presorted_runs) -> Updates | None:
-    """:func:`consolidate` of rows at one time and diff whose key and vals are integer
-    columns without nulls (their codes are their values) packing into 64 bits: sorted
-    as values and unpacked (:mod:`~arrangedb.spine.data.packed_rows`), never gathered.
-    None for other rows."""
+    """:func:`consolidate` of rows at one time whose key and vals are integer columns
+    without nulls (their codes are their values) packing into 64 bits with their diffs
+    (none, when every diff is one value): sorted as values and unpacked
+    (:mod:`~arrangedb.spine.data.packed_rows`), never gathered. None for other rows."""
     tables = [upd.keys] if upd.vals is None else [upd.keys, upd.vals]
     fields = [f for t in tables for f in t.schema]
     if upd.keys.num_columns != 1 or len(vcs) != len(fields) - 1 \
             or not all(pa.types.is_integer(f.type) for f in fields) \
             or any(c.null_count for t in tables for c in t.columns):
         return None
-    got = distinct_sorted([kc, *vcs], presorted_runs)
+    diffs = upd.diffs
+    one_diff = all_equal(diffs)
+    if one_diff and diffs[0] == 0:
+        return None
+    got = distinct_sorted([kc, *vcs], presorted_runs, None if one_diff else diffs)
     if got is None:
         return None
     columns, counts = got
+    m = len(columns[0])
+    if not one_diff:
+        sums = counts
+    else:
+        sums = constant(diffs[0], m, np.int64) if counts is None else counts * diffs[0]
     arrays = [pa.array(c, type=f.type) for c, f in zip(columns, fields)]
     keys = pa.Table.from_arrays(arrays[:1], schema=upd.keys.schema)
     vals = None if upd.vals is None else pa.Table.from_arrays(arrays[1:], schema=upd.vals.schema)
-    m = len(columns[0])
-    sums = constant(diff, m, np.int64) if counts is None else counts * np.int64(diff)
     return Updates(keys, vals, constant(time, m, np.uint64), sums)
 
 

@@ -22,21 +22,25 @@ from arrangedb.spine.data.order import (few_runs, from_offsets, never_falls, run
                                         sort_values, span_bits, starts_of)
 
 
-def distinct_sorted(columns: list[np.ndarray], presorted_runs: bool | int = False
+def distinct_sorted(columns: list[np.ndarray], presorted_runs: bool | int = False,
+                    weights: np.ndarray | None = None
                     ) -> tuple[list[np.ndarray], np.ndarray | None] | None:
     """The distinct rows of integer ``columns`` (most significant first, equal lengths),
     sorted, each column in its own dtype, and how many times each row occurs (None: once
     each); None when a column is not an integer one or they need more than 64 bits.
 
-    ``presorted_runs``: the rows are concatenated sorted runs (see
-    :func:`~arrangedb.spine.data.order.sort_values`). Rows already in order come back
-    as the very arrays given.
+    ``weights`` (int64, one per row; a delta's diffs): packed below the columns, and
+    each distinct row's weights summed in place of its count, rows summing to zero
+    dropped. ``presorted_runs``: the rows are concatenated sorted runs (see
+    :func:`~arrangedb.spine.data.order.sort_values`). Rows already in order (and
+    weighed nowhere to zero) come back as the very arrays given.
     """
-    if not columns or any(c.dtype.kind not in "iu" for c in columns):
+    fields = list(columns) if weights is None else [*columns, weights]
+    if not columns or any(c.dtype.kind not in "iu" for c in fields):
         return None
     n = len(columns[0])
     packed, widths = None, []
-    for c in columns:
+    for c in fields:
         bits, off, lo = span_bits(c)   # off: a new array, packed in place
         widths.append((bits, lo, c.dtype))
         if sum(w[0] for w in widths) > 64:
@@ -50,6 +54,8 @@ def distinct_sorted(columns: list[np.ndarray], presorted_runs: bool | int = Fals
     in_order = never_falls(packed)
     if not in_order:
         sort_values(packed, presorted_runs or few_runs(packed))
+    if weights is not None:
+        return _summed(packed, widths, in_order, columns, weights)
     ties = packed[1:] == packed[:-1]
     if not ties.any():
         if in_order:
@@ -62,6 +68,28 @@ def distinct_sorted(columns: list[np.ndarray], presorted_runs: bool | int = Fals
     return _unpacked(packed, widths), counts
 
 
+def _summed(packed: np.ndarray, widths: list, in_order: bool, columns: list[np.ndarray],
+            weights: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+    """:func:`distinct_sorted`'s rows and summed weights from the sorted ``packed``,
+    whose lowest field (``widths[-1]``) is the weight."""
+    wbits, wlo, wdtype = widths[-1]
+    shift = np.uint64(wbits)
+    ties = packed[1:] ^ packed[:-1]
+    ties >>= shift
+    ties = ties == 0                   # the same row, weighed twice
+    w = from_offsets(packed & np.uint64((1 << wbits) - 1), wlo, wdtype)
+    starts = starts_of(ties) if ties.any() else None
+    sums = w if starts is None else np.add.reduceat(w, starts)
+    nonzero = sums != 0
+    if not nonzero.all():
+        keep = np.flatnonzero(nonzero)
+        starts, sums = (keep if starts is None else starts[keep]), sums[keep]
+    elif starts is None and in_order:
+        return list(columns), weights
+    if starts is not None:
+        packed = packed[starts]
+    packed >>= shift
+    return _unpacked(packed, widths[:-1]), sums
 def _unpacked(packed: np.ndarray, widths: list[tuple[int, int, np.dtype]]
               ) -> list[np.ndarray]:
     """The columns out of ``packed`` (consumed), from (bits, minimum, dtype) of each as

@@ -53,6 +53,28 @@ def test_distinct_sorted_matches_the_model(specs, data):
         [rows[r] for r in expected]
 
 
+@settings(max_examples=300)
+@given(st.lists(st.tuples(st.integers(-4, 4), st.integers(0, 3), st.integers(-3, 3)),
+                min_size=1, max_size=60),
+       st.sampled_from(["int64", "uint32"]), st.booleans())
+def test_weights_are_summed_per_distinct_row(rows, dtype, ordered):
+    """A delta's diffs packed below its rows: each distinct row's sum, zero sums dropped
+    (a retraction and its insertion of the same row cancel)."""
+    if ordered:
+        rows = sorted(rows)
+    k = np.array([r[0] for r in rows], np.int64)
+    v = np.array([r[1] for r in rows], dtype)
+    w = np.array([r[2] for r in rows], np.int64)
+    model = Counter()
+    for a, b, d in rows:
+        model[(a, b)] += d
+    expected = sorted(r for r, d in model.items() if d)
+    got = distinct_sorted([k, v], weights=w)
+    (sk, sv), sums = got
+    assert list(zip(sk.tolist(), sv.tolist())) == expected and sv.dtype == v.dtype
+    assert sums.tolist() == [model[r] for r in expected]
+
+
 def test_rows_in_order_come_back_as_given():
     k = np.arange(10, dtype=np.int64)
     v = np.arange(10, dtype=np.int32) * 3
@@ -78,22 +100,27 @@ def test_large_input_sorted_on_two_threads_keeps_every_duplicate():
 @settings(max_examples=200)
 @given(st.lists(st.tuples(st.integers(-5, 5), st.integers(-3, 3), st.integers(0, 2**40)),
                 max_size=80),
-       st.integers(0, 3), st.sampled_from([1, -1, 3]), st.integers(0, 4),
+       st.integers(0, 3), st.sampled_from([1, -1, 3, None]), st.integers(0, 4),
        st.sampled_from(["int64", "int32", "uint64"]))
-def test_consolidate_of_integer_rows_at_one_time_and_diff(rows, time, diff, since, vtype):
+def test_consolidate_of_integer_rows_at_one_time(rows, time, diff, since, vtype):
     """An arrangement's input read from a file (one time, one diff, integer key and
-    vals) takes the packed path: the result equals the model's, sorted."""
+    vals) or a delta at one time (``diff`` None: each row's own, -2..2) takes the packed
+    path: the result equals the model's, sorted, zero sums dropped."""
     k = pa.array([r[0] for r in rows], pa.int64())
     a = pa.array([abs(r[1]) if vtype == "uint64" else r[1] for r in rows], vtype)
     b = pa.array([r[2] for r in rows], pa.int64())
     n = len(rows)
+    diffs = (np.full(n, diff, np.int64) if diff is not None
+             else np.array([r[2] % 5 - 2 for r in rows], np.int64))
     upd = Updates(pa.table({"k": k}), pa.table({"a": a, "b": b}),
-                  np.full(n, time, np.uint64), np.full(n, diff, np.int64))
+                  np.full(n, time, np.uint64), diffs)
     got = consolidate(upd, since)
-    model = Counter(zip(k.to_pylist(), a.to_pylist(), b.to_pylist()))
+    model = Counter()
+    for row, d in zip(zip(k.to_pylist(), a.to_pylist(), b.to_pylist()), diffs.tolist()):
+        model[row] += d
     out = list(zip(got.keys["k"].to_pylist(), got.vals["a"].to_pylist(),
                    got.vals["b"].to_pylist()))
-    assert out == sorted(model)
-    assert got.diffs.tolist() == [model[r] * diff for r in out]
+    assert out == sorted(r for r, d in model.items() if d)
+    assert got.diffs.tolist() == [model[r] for r in out]
     assert got.times.tolist() == [max(time, since)] * len(out)
     assert got.vals.schema == upd.vals.schema and got.keys.schema == upd.keys.schema
