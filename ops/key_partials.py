@@ -15,12 +15,6 @@ from arrangedb.spine import Block, is_constant
 SHORT_RUNS = 4   # fewer rows per key than this on average: per-key sums by bincount
 
 
-def _exact_in_float(x: np.ndarray) -> bool:
-    """Whether float64 sums of any of ``x``'s elements are exact integers."""
-    return x.dtype.kind in "iu" and len(x) and \
-        max(abs(int(x.max())), abs(int(x.min()))) * len(x) < 2**53
-
-
 class KeyPartials:
     """Per key of an A block, the sums each partial needs: ``n`` (count-weighted rows,
     or valid values), ``s`` (count-weighted values) and ``v`` (valid rows: a sum over no
@@ -53,8 +47,9 @@ class KeyPartials:
         odd_key = (None if odd is None or not len(odd)
                    else np.searchsorted(bounds, odd, side="right") - 1)
 
-        # few rows per key (a delta's changes): reduceat pays per run, bincount over each
-        # row's key per row -- exact for integers whose sums stay within float64's
+        # few rows per key (a delta's changes): reduceat pays per run; integers are
+        # prefix-summed and differenced at the bounds (exact: int64 wraps alike on both
+        # sides), floats summed by bincount over each row's key
         short = len(starts) * SHORT_RUNS > len(counts)
         key_of = None   # each row's key, made once if a sum needs it
 
@@ -62,12 +57,16 @@ class KeyPartials:
             nonlocal key_of
             if not len(starts):
                 return x[:0]
-            if not short or (x.dtype.kind != "f" and not _exact_in_float(x)):
+            if not short:
                 return np.add.reduceat(x, starts)
+            if x.dtype.kind in "iub":
+                prefix = np.empty(len(x) + 1, np.int64)
+                prefix[0] = 0
+                np.cumsum(x.astype(np.int64, copy=False), out=prefix[1:])
+                return prefix[bounds[1:]] - prefix[starts]
             if key_of is None:
                 key_of = np.repeat(np.arange(len(starts)), rows)
-            total = np.bincount(key_of, weights=x, minlength=len(starts))
-            return total if x.dtype.kind == "f" else total.astype(np.int64)
+            return np.bincount(key_of, weights=x, minlength=len(starts))
 
         def weighted(x: np.ndarray) -> np.ndarray:
             if unit is None:
