@@ -45,8 +45,13 @@ def lookup_block(trace, keys: pa.Table, at: int | None,
     """The accumulated rows of ``keys`` (distinct, sorted) at ``at``, as a Block."""
     res = trace.lookup(keys.rename_columns(trace.key_names), at=at, read_dictionary=dictionary)
     qi = res.column("query_index").to_numpy()
-    bounds = np.zeros(keys.num_rows + 1, np.int64)   # rows per key (qi is sorted), summed
-    np.cumsum(np.bincount(qi, minlength=keys.num_rows), out=bounds[1:])
+    n = keys.num_rows
+    if len(qi) == n and (n == 0 or (qi[0] == 0 and qi[-1] == n - 1)) \
+            and bool((qi[1:] != qi[:-1]).all()):   # one row per key (a dimension's)
+        bounds = np.arange(n + 1, dtype=np.int64)
+    else:
+        bounds = np.zeros(n + 1, np.int64)   # rows per key (qi is sorted), summed
+        np.cumsum(np.bincount(qi, minlength=n), out=bounds[1:])
     vals = res.select(trace.val_names) if trace.val_schema is not None else None
     return Block(keys, bounds, vals, res.column("count").to_numpy())
 

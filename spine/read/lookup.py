@@ -49,13 +49,15 @@ def _lookup(trace, keys, at, read_dictionary, consolidate=True) -> pa.Table:
         return schema.empty_table()
     qc = codes([queries], trace.key_names)[0]
     distinct_sorted = bool((qc[1:] > qc[:-1]).all())   # a join's keys: nothing to sort
-    order = np.arange(n) if distinct_sorted else sort_order(qc)
-    sorted_q = queries if distinct_sorted else queries.take(order)
-    sq = qc[order]
-    first = np.ones(n, dtype=bool)
-    first[1:] = sq[1:] != sq[:-1]
-    uniq_pos = np.flatnonzero(first)            # positions (in sorted order) of distinct keys
-    uq = sorted_q if distinct_sorted else sorted_q.take(uniq_pos)  # distinct, sorted
+    if distinct_sorted:
+        uq = queries
+    else:
+        order = sort_order(qc)
+        sq = qc[order]
+        first = np.ones(n, dtype=bool)
+        first[1:] = sq[1:] != sq[:-1]
+        uniq_pos = np.flatnonzero(first)        # positions (in sorted order) of distinct keys
+        uq = queries.take(order[uniq_pos])      # distinct, sorted
     found: list[tuple] = []       # (vals, times, diffs) of the keys' rows, per part
     found_u: list[np.ndarray] = []
     sources = 0
@@ -285,7 +287,8 @@ def _key_table(keys, key_schema: pa.Schema) -> pa.Table:
         if f.name not in keys.column_names:
             raise SchemaError(f"lookup keys lack key column {f.name!r} "
                               f"(columns: {', '.join(keys.column_names)})")
-        col = keys.column(f.name).combine_chunks()
+        col = keys.column(f.name)
+        col = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
         if col.null_count:
             raise SchemaError(f"lookup key column {f.name!r} holds nulls")
         cols.append(cast_column(col, f, "lookup key column", "the trace's"))
