@@ -236,7 +236,7 @@ class RunBuilder:
                     if merge:
                         to_merge = self.merged_ahead(total_rows, row_bytes, run_bytes)
                 batches = itertools.chain([first] if first is not None else [], stream)
-            piece = run_bytes // 4 if not room else min(run_bytes, sort_cost(room, 0)) // 4
+            piece = run_bytes if not room else min(run_bytes, sort_cost(room, 0))
             for rb in pieces(batches, max(piece, 1)):
                 upd = to_updates(rb, cols, self.key_schema, self.val_schema, lower)
                 if lower and cols.time and len(upd) and int(upd.times.min()) < lower:
