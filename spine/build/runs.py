@@ -57,12 +57,9 @@ def pieces(stream, max_cost: int):
         if n == 0:
             continue
         cost = sort_cost(rb.nbytes + 16 * n, n)
-        if cost <= max_cost:
-            yield rb
-            continue
-        rows = max(1, n * max_cost // cost)
+        rows = n if cost <= max_cost else max(1, n * max_cost // cost)
         for lo in range(0, n, rows):
-            yield rb.slice(lo, rows)
+            yield rb.slice(lo, rows) if rows < n else rb
 
 
 def drop(batches: list[Batch]) -> None:
@@ -236,8 +233,7 @@ class RunBuilder:
                     if merge:
                         to_merge = self.merged_ahead(total_rows, row_bytes, run_bytes)
                 batches = itertools.chain([first] if first is not None else [], stream)
-            piece = run_bytes if not room else min(run_bytes, sort_cost(room, 0))
-            for rb in pieces(batches, max(piece, 1)):
+            for rb in pieces(batches, max(run_bytes, 1)):   # cut below, where runs end
                 upd = to_updates(rb, cols, self.key_schema, self.val_schema, lower)
                 if lower and cols.time and len(upd) and int(upd.times.min()) < lower:
                     raise ValueError(
@@ -245,15 +241,19 @@ class RunBuilder:
                         f"{int(upd.times.min())}, before the trace's upper frontier {lower}: "
                         "a trace accepts updates at its upper or later (earlier times may "
                         "have been read already); nothing of this input was added")
-                if buffered and excess(size + upd.nbytes, rows + len(upd)) > 0:
-                    # the run takes the rows that fit its share, the rest starts the
-                    # next: runs cut at input batches were 10% short, and 40M rows
-                    # at 512 MiB sorted into 17 runs, one past the read fan-in
+                while len(upd) > 1 and excess(size + upd.nbytes, rows + len(upd)) > 0:
+                    # the run takes the rows that fit its share and the resident room,
+                    # the rest starts the next: runs cut at input batches were 10% short
                     k = fitting(upd)
                     if k:
                         buffer(upd.slice(0, k))
                         upd = upd.slice(k, len(upd))
+                    elif not buffered:
+                        break   # not a row more fits an empty run: the batch goes alone
+                    held = rows
                     seal()
+                    if not k and rows >= held:
+                        break   # the run kept all it held (one key's rows, for the chain)
                 buffer(upd)
                 if excess(size, rows) >= 0:   # full
                     seal()

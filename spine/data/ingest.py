@@ -23,11 +23,11 @@ import pyarrow.compute as pc
 from arrangedb.spine.data import roles
 from arrangedb.spine.data.updates import Updates, constant
 
-# Rows per batch read from Parquet or sliced from a Table: 256k rows decode ~30% faster
-# than 64k (per-batch costs); a delta of up to 256k rows stays one slice, which a run's
-# sort reads as it is instead of concatenating pieces; ingest slices any batch too big
-# for a run.
-INPUT_BATCH_ROWS = 1 << 18
+# Rows per batch read from Parquet: 256k rows decode ~30% faster than 64k (per-batch
+# costs), and ingest slices any batch too big for a run. A Table goes in as its own
+# chunks: a delta of one chunk is one slice, which a run's sort reads as it is instead
+# of concatenating pieces of it again.
+PARQUET_BATCH_ROWS = 1 << 18
 
 
 class SchemaError(ValueError):
@@ -55,7 +55,7 @@ def open_batches(data, columns: list[str] | None = None
     the budget's sight.
     """
     if isinstance(data, pa.Table):
-        return data.schema, iter(data.to_batches(max_chunksize=INPUT_BATCH_ROWS))
+        return data.schema, iter(data.to_batches())
     if isinstance(data, pa.RecordBatch):
         return data.schema, iter([data])
     if isinstance(data, pa.RecordBatchReader):
@@ -78,14 +78,14 @@ def open_batches(data, columns: list[str] | None = None
             schema = dataset.schema if columns is None else pa.schema(
                 [dataset.schema.field(c) for c in columns])
             return schema, iter(dataset.to_batches(
-                columns=columns, batch_size=INPUT_BATCH_ROWS, fragment_scan_options=scan,
+                columns=columns, batch_size=PARQUET_BATCH_ROWS, fragment_scan_options=scan,
                 batch_readahead=1, fragment_readahead=1))
         import pyarrow.parquet as pq   # ~10 MiB of code that only file inputs need
 
         pf = pq.ParquetFile(path, pre_buffer=False)
         schema = pf.schema_arrow if columns is None else pa.schema(
             [pf.schema_arrow.field(c) for c in columns])
-        return schema, pf.iter_batches(batch_size=INPUT_BATCH_ROWS, columns=columns)
+        return schema, pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns)
     if isinstance(data, Iterable):
         it = iter(data)
         first = next(it, None)
