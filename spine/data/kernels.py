@@ -20,7 +20,7 @@ from arrangedb.spine.data.codes import (absolute_codes, codes, count_le, is_abso
                                         sorted_row_starts)
 from arrangedb.spine.data.order import never_falls, run_lengths, sort_rows, sorted_rows
 from arrangedb.spine.data.packed_rows import distinct_sorted
-from arrangedb.spine.data.updates import Updates, all_equal, constant
+from arrangedb.spine.data.updates import Updates, all_equal, constant, is_constant
 
 
 def _key_val_codes(upd: Updates, kc: np.ndarray | None = None
@@ -154,7 +154,8 @@ def _packed_rows(upd: Updates, kc: np.ndarray, vcs: list[np.ndarray], time,
         sums = constant(diffs[0], m, np.int64) if counts is None else counts * diffs[0]
     arrays = [pa.array(c, type=f.type) for c, f in zip(columns, fields)]
     keys = pa.Table.from_arrays(arrays[:1], schema=upd.keys.schema)
-    vals = None if upd.vals is None else pa.Table.from_arrays(arrays[1:], schema=upd.vals.schema)
+    vals = (None if upd.vals is None
+            else pa.Table.from_arrays(arrays[1:], schema=upd.vals.schema))
     return Updates(keys, vals, constant(time, m, np.uint64), sums)
 
 
@@ -201,6 +202,10 @@ def accumulate(upd: Updates, at: int | None) -> tuple[pa.Table, pa.Table | None,
 
 def filter_times(upd: Updates, since: int, upto: int | None) -> Updates:
     """Rows with ``since <= time < upto`` (upto None: unbounded)."""
+    if len(upd) and is_constant(upd.times):   # one stored time (a delta's): judged once
+        t = int(upd.times[0])
+        inside = since <= t and (upto is None or t < upto)
+        return upd if inside else upd.take(np.zeros(0, np.int64))
     mask = upd.times >= np.uint64(since)
     if upto is not None:
         mask &= upd.times < np.uint64(upto)

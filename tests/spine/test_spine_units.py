@@ -13,14 +13,14 @@ from hypothesis import given, settings
 
 from arrangedb.spine.storage.context import StorageContext
 from arrangedb.spine.data.ingest import Columns, SchemaError, open_batches, target_schemas
-from arrangedb.spine.data.kernels import consolidate
+from arrangedb.spine.data.kernels import consolidate, filter_times
 from arrangedb.spine.data.layout import bounds_dtype, from_layout, to_layout
 from arrangedb.spine.data.codes import codes
 from arrangedb.spine.data.order import (PARALLEL_SORT_FROM, fast_argsort, sort_rows,
                                         sorted_rows)
 from arrangedb.spine.build.levels import level_of
 from arrangedb.spine.trace import Trace
-from arrangedb.spine.data.updates import Updates
+from arrangedb.spine.data.updates import Updates, constant
 
 
 def memory_trace(data, key, vals=None, time=None, diff=None, **ctx):
@@ -976,3 +976,17 @@ def test_leaf_update_index_of_single_update_leaves_is_their_starts():
     bounds = np.concatenate([[0], np.cumsum(stored)])
     idx, counts = leaf_update_index(bounds)
     assert len(idx) == counts.sum() == len(stored) + 2
+
+
+@given(st.integers(0, 5), st.one_of(st.none(), st.integers(0, 6)), st.integers(0, 4),
+       st.booleans())
+def test_filter_times_of_one_stored_time_matches_the_mask(since, upto, time, one_view):
+    """Rows all at one time -- a stride-0 view (a delta's stored time) or a full array --
+    are kept or dropped together, as the per-row mask keeps them."""
+    n = 5
+    times = constant(time, n, np.uint64) if one_view else np.full(n, time, np.uint64)
+    upd = Updates(pa.table({"k": np.arange(n)}), None, times, np.ones(n, np.int64))
+    got = filter_times(upd, since, upto)
+    keep = since <= time and (upto is None or time < upto)
+    assert len(got) == (n if keep else 0)
+    assert got.keys["k"].to_pylist() == (list(range(n)) if keep else [])
