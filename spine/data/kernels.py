@@ -152,10 +152,13 @@ def _packed_rows(upd: Updates, kc: np.ndarray, vcs: list[np.ndarray], time,
         sums = counts
     else:
         sums = constant(diffs[0], m, np.int64) if counts is None else counts * diffs[0]
-    arrays = [pa.array(c, type=f.type) for c, f in zip(columns, fields)]
-    keys = pa.Table.from_arrays(arrays[:1], schema=upd.keys.schema)
-    vals = (None if upd.vals is None
-            else pa.Table.from_arrays(arrays[1:], schema=upd.vals.schema))
+    if columns[0] is kc:   # in order already: the input's own tables, as the caller
+        keys, vals = upd.keys, upd.vals   # tells them (a run kept copies such input)
+    else:
+        arrays = [pa.array(c, type=f.type) for c, f in zip(columns, fields)]
+        keys = pa.Table.from_arrays(arrays[:1], schema=upd.keys.schema)
+        vals = (None if upd.vals is None
+                else pa.Table.from_arrays(arrays[1:], schema=upd.vals.schema))
     return Updates(keys, vals, constant(time, m, np.uint64), sums)
 
 

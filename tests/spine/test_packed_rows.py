@@ -124,3 +124,19 @@ def test_consolidate_of_integer_rows_at_one_time(rows, time, diff, since, vtype)
     assert got.diffs.tolist() == [model[r] for r in out]
     assert got.times.tolist() == [max(time, since)] * len(out)
     assert got.vals.schema == upd.vals.schema and got.keys.schema == upd.keys.schema
+
+
+def test_rows_in_order_consolidate_into_the_input_tables():
+    """Integer rows already sorted and distinct come back as the input's own tables, so
+    that the run builder sees they share the caller's buffers (and copies a run it keeps
+    in memory); rows it had to sort come back in arrays of their own."""
+    n = 1000
+    keys, vals = pa.table({"k": np.arange(n) // 2}), pa.table({"v": np.arange(n) % 2})
+    upd = Updates(keys, vals, np.zeros(n, np.uint64), np.ones(n, np.int64))
+    got = consolidate(upd)
+    assert got.keys is keys and got.vals is vals
+    shuffled = upd.take(np.random.default_rng(0).permutation(n))
+    got = consolidate(shuffled)
+    assert got.keys.equals(keys) and got.vals.equals(vals)
+    assert got.keys.column(0).chunk(0).buffers()[1].address != \
+        shuffled.keys.column(0).chunk(0).buffers()[1].address
