@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from arrangedb.ops.common import check_time, columns_of
-from arrangedb.spine import Block, Updates, co_blocks, codes, consolidate
+from arrangedb.spine import Block, Updates, co_blocks, codes, consolidate, is_identity
 
 
 def check_window(traces, at, since, upto) -> None:
@@ -46,8 +46,7 @@ def lookup_block(trace, keys: pa.Table, at: int | None,
     res = trace.lookup(keys.rename_columns(trace.key_names), at=at, read_dictionary=dictionary)
     qi = res.column("query_index").to_numpy()
     n = keys.num_rows
-    if len(qi) == n and (n == 0 or (qi[0] == 0 and qi[-1] == n - 1)) \
-            and bool((qi[1:] != qi[:-1]).all()):   # one row per key (a dimension's)
+    if is_identity(qi, n):   # one row per key (a dimension's)
         bounds = np.arange(n + 1, dtype=np.int64)
     else:
         bounds = np.zeros(n + 1, np.int64)   # rows per key (qi is sorted), summed

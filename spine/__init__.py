@@ -15,7 +15,7 @@ from arrangedb.spine.data.ingest import Columns, SchemaError, open_batches
 from arrangedb.spine.data.kernels import consolidate, count_through
 from arrangedb.spine.data.layout import ranges
 from arrangedb.spine.data.codes import absolute_codes, codes, is_absolute
-from arrangedb.spine.data.order import sort_rows
+from arrangedb.spine.data.order import is_identity, sort_rows
 from arrangedb.spine.data.updates import Updates, all_equal, is_constant
 from arrangedb.spine.read.cursor import (Block, batch_part_blocks, blocks, co_blocks,
                                          part_blocks)
@@ -30,7 +30,8 @@ __all__ = [
     "Block", "Columns", "Engine", "SchemaError", "Trace", "TraceHandle", "Updates",
     "absolute_codes", "is_absolute",
     "batch_part_blocks", "blocks", "co_blocks", "codes", "consolidate", "count_through",
-    "all_equal", "dictionary_schema", "engine_for", "is_constant", "nonnegative_at",
+    "all_equal", "dictionary_schema", "engine_for", "is_constant", "is_identity",
+    "nonnegative_at",
     "open_batches",
     "part_blocks", "ranges", "roles",
     "sort_rows", "together",

@@ -18,7 +18,8 @@ import pyarrow as pa
 
 from arrangedb.spine.data.codes import (absolute_codes, codes, count_le, is_absolute,
                                         sorted_row_starts)
-from arrangedb.spine.data.order import never_falls, run_lengths, sort_rows, sorted_rows
+from arrangedb.spine.data.order import (is_identity, never_falls, run_lengths, sort_rows,
+                                        sorted_rows)
 from arrangedb.spine.data.packed_rows import distinct_sorted
 from arrangedb.spine.data.updates import Updates, all_equal, constant, is_constant
 
@@ -41,10 +42,7 @@ def _key_val_codes(upd: Updates, kc: np.ndarray | None = None
 
 def _indices(idx: np.ndarray, n: int) -> np.ndarray | None:
     """None when ``idx`` is the identity permutation of ``range(n)`` (skip the take)."""
-    if len(idx) == n and (n == 0 or (idx[0] == 0 and idx[-1] == n - 1 and
-                                      np.all(idx[1:] > idx[:-1]))):
-        return None
-    return idx
+    return None if is_identity(idx, n) else idx
 
 
 def _nonzero_sums(sorted_diffs: np.ndarray, starts: np.ndarray

@@ -35,6 +35,12 @@ def run_lengths(starts: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
+def is_identity(idx: np.ndarray, n: int) -> bool:
+    """Whether ``idx`` is ``0, 1, ..., n - 1``: a gather by it would copy its source."""
+    return len(idx) == n and (n == 0 or (idx[0] == 0 and idx[-1] == n - 1
+                                         and bool((idx[1:] > idx[:-1]).all())))
+
+
 def span_bits(x: np.ndarray) -> tuple[int, np.ndarray, int]:
     """Bits needed for ``x - min(x)``, that offset array as uint64 (always a new array,
     never a view of ``x``: callers shift it in place), and ``min(x)``."""

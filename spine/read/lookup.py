@@ -13,7 +13,7 @@ from arrangedb.spine.data.ingest import SchemaError, cast_column
 from arrangedb.spine.data.kernels import accumulate
 from arrangedb.spine.data.layout import both_ends, leaf_updates, ranges, select_vals
 from arrangedb.spine.data.codes import absolute_codes, codes, is_absolute
-from arrangedb.spine.data.order import row_starts, run_lengths, sort_order
+from arrangedb.spine.data.order import is_identity, row_starts, run_lengths, sort_order
 from arrangedb.spine.data.updates import Updates, concat_column, is_constant
 from arrangedb.spine.read.reader import part_edges
 from arrangedb.spine.storage.batch import Batch
@@ -334,11 +334,7 @@ def _dense_positions(first: int, n: int, queries) -> tuple[np.ndarray, np.ndarra
 def _keys_at(uq: pa.Table, rows: np.ndarray) -> pa.Table:
     """The distinct queries at ``rows``: ``uq`` itself when ``rows`` is each query once,
     in order (a dimension's keys, all found), else a gather."""
-    n = uq.num_rows
-    if len(rows) == n and (n == 0 or (rows[0] == 0 and rows[-1] == n - 1)) \
-            and bool((np.diff(rows) == 1).all()):
-        return uq
-    return uq.take(rows)
+    return uq if is_identity(rows, uq.num_rows) else uq.take(rows)
 
 
 def _record_table(schema, qi, keys, vals, counts) -> pa.Table:
