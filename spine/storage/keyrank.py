@@ -66,15 +66,24 @@ def rank_positions(first: int, last: int, words_at: Callable, ranks_at: Callable
          else queries).to_numpy()
     # uint64 queries beyond int64 wrap to negatives: below first, missed (first >= -2**63)
     q = q.astype(np.int64, copy=False)
-    inside = np.flatnonzero((q >= first) & (q <= last))
-    offset = (q[inside] - np.int64(first)).view(np.uint64)
-    w = (offset >> np.uint64(6)).astype(np.int64)
-    bit = offset & np.uint64(63)
+    n = len(q)
+    # a part's share of a lookup's queries lies inside its range (but at the ends)
+    inside = None if n and q.min() >= first and q.max() <= last \
+        else np.flatnonzero((q >= first) & (q <= last))
+    offset = (q if inside is None else q[inside]) - np.int64(first)
+    offset = offset.view(np.uint64)
+    w = (offset >> np.uint64(6)).view(np.int64)   # below 2**58: the same bits either way
+    bit = offset
+    bit &= np.uint64(63)
     word = np.asarray(words_at(w), np.uint64)
     found = ((word >> bit) & np.uint64(1)).astype(bool)
-    w, bit, word = w[found], bit[found], word[found]   # ranks read for the keys found only
+    every = bool(found.all())
+    if not every:   # ranks read for the keys found only
+        w, bit, word = w[found], bit[found], word[found]
     below = word & ((np.uint64(1) << bit) - np.uint64(1))
     pos = np.asarray(ranks_at(w), np.int64) + np.bitwise_count(below)
-    hit = np.zeros(len(q), dtype=bool)
-    hit[inside[found]] = True
+    if every and inside is None:
+        return pos, np.ones(n, dtype=bool)
+    hit = np.zeros(n, dtype=bool)
+    hit[(np.arange(n) if inside is None else inside)[found]] = True
     return pos, hit

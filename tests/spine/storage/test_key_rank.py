@@ -45,6 +45,28 @@ def test_positions_equal_a_binary_search(monkeypatch, keys, queries, offset):
     assert pos.tolist() == want_pos.tolist()
 
 
+@settings(max_examples=100, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(keys=st.lists(st.integers(0, 600), min_size=80, max_size=200, unique=True),
+       data=st.data())
+def test_positions_of_queries_within_the_keys_range(monkeypatch, keys, data):
+    """A part's share of a lookup: every query between the first and last key, all of
+    them keys, or some falling in gaps -- each answered as a binary search would."""
+    monkeypatch.setattr(keyrank, "RANK_MIN_KEYS", 1)
+    keys = np.array(sorted(keys), np.int64)
+    index = rank_index(pa.table({"k": keys}))
+    if index is None:
+        return
+    chosen = data.draw(st.lists(st.sampled_from(keys.tolist()), min_size=1, unique=True))
+    gaps = data.draw(st.lists(st.integers(int(keys[0]), int(keys[-1])), max_size=5))
+    queries = np.unique(np.array(chosen + gaps, np.int64))
+    words, ranks = index
+    pos, hit = rank_positions(int(keys[0]), int(keys[-1]), words.__getitem__,
+                              ranks.__getitem__, pa.array(queries))
+    want_pos, want_hit = _model(keys, queries)
+    assert hit.tolist() == want_hit.tolist()
+    assert pos.tolist() == want_pos.tolist()
+
 def _strided(keys) -> bool:
     """Keys at one step from each other (dense ids among them)."""
     return len(set(np.diff(np.sort(np.asarray(keys, np.int64))).tolist())) <= 1
