@@ -19,6 +19,7 @@ This module is the mechanism; the rules are the planner's.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Callable
@@ -39,7 +40,9 @@ class Node:
     one_shot: bool = False
     notes: list = field(default_factory=list)   # why the planner made this node
 
-    def open(self) -> pa.RecordBatchReader:
+    def open(self, batch_rows: int | None = None) -> pa.RecordBatchReader:
+        """``batch_rows``: the batch size the consumer prefers, used when the operator
+        takes one and the plan did not give it."""
         if self.one_shot:
             if self.first is None:
                 raise RuntimeError(f"this {self.op} plan reads a one-shot stream (a reader "
@@ -47,11 +50,19 @@ class Node:
                                    f"table, a trace or a plan to consume it again")
             reader, self.first = self.first, None
             return reader
+        if batch_rows is not None and "batch_rows" not in self.kwargs \
+                and _takes_batch_rows(self.fn):
+            return self.fn(*self.args, **self.kwargs, batch_rows=batch_rows)
         return self.fn(*self.args, **self.kwargs)
 
     def inputs(self) -> list:
         """The plans, traces and streams this node reads, in argument order."""
         return [a for a in (*self.args, *self.kwargs.values()) if is_input(a)]
+
+
+@functools.lru_cache(maxsize=None)
+def _takes_batch_rows(fn) -> bool:
+    return "batch_rows" in inspect.signature(fn).parameters
 
 
 def is_input(x) -> bool:
@@ -88,9 +99,12 @@ class Plan:
     def schema(self) -> pa.Schema:
         return self._node.schema
 
-    def to_reader(self) -> pa.RecordBatchReader:
-        """Run the plan (as the planner rewrites it): a reader over its output."""
-        return _planner.optimize(self._node).open()
+    def to_reader(self, batch_rows: int | None = None) -> pa.RecordBatchReader:
+        """Run the plan (as the planner rewrites it): a reader over its output.
+        ``batch_rows``: the rows per batch the reader should give, unless the plan's
+        last operator was given its own ``batch_rows`` (``engine.arrange`` asks for
+        batches as large as its runs take: fewer to join up before sorting)."""
+        return _planner.optimize(self._node).open(batch_rows)
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         return iter(self.to_reader())

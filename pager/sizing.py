@@ -18,6 +18,10 @@ RUN_SHARE = 2
 # so that the next run's rows are there when the sort ends: with a sixteenth, arranging
 # 40M rows waited ~0.9 s for the reader.
 READ_AHEAD_SHARE = 6
+# Of a run's share, per row: the batch size an arrange asks an operator's plan for (at
+# least the operators' 64k rows): runs then join up few batches before sorting -- 600k
+# join changes in 64k-row batches took ~5 ms to concatenate in fresh memory.
+PLAN_BATCH_ROW_BYTES = 256
 # One resident batch (its sorted updates kept in memory), and all of them together.
 RESIDENT_BATCH_SHARE = 16
 RESIDENT_TOTAL_SHARE = 4

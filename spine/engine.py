@@ -24,7 +24,8 @@ from arrangedb.spine.storage.context import StorageContext
 from arrangedb.spine import persist
 from arrangedb.spine.build.idle import IdleMerger
 from arrangedb.spine.data import roles
-from arrangedb.spine.data.ingest import Columns, is_file_input, open_batches, target_schemas
+from arrangedb.spine.data.ingest import (Columns, is_file_input, is_plan, open_batches,
+                                         target_schemas)
 from arrangedb.spine.trace import Trace
 
 
@@ -139,14 +140,17 @@ class Engine:
         """Arrange ``data`` by ``key``: sorted runs within the budget, spilled and merged."""
         if self._closed:
             raise RuntimeError("the engine is closed")
-        schema, stream = open_batches(data)
+        if is_plan(data):   # run by the build, in batches as large as its runs take
+            schema, source = data.schema, data
+        else:
+            schema, stream = open_batches(data)
         cols = Columns.resolve(schema, key, vals, time, diff)
         if is_file_input(data):   # the trace's build opens it again, reading what it needs
             schema = pa.schema([schema.field(c) for c in cols.needed()])
             source = data
         elif isinstance(data, (pa.Table, pa.RecordBatch)):   # its size known to the build
             source = data
-        else:
+        elif not is_plan(data):
             source = pa.RecordBatchReader.from_batches(schema, stream)
         key_schema, val_schema = target_schemas(schema, cols)
         trace = Trace(self.ctx, key_schema, val_schema, cols, name)

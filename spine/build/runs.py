@@ -24,7 +24,7 @@ from arrangedb.spine.data.kernels import consolidate, key_starts, keys_in_order
 from arrangedb.spine.data.updates import Updates
 from arrangedb.spine.storage.batch import Batch
 from arrangedb.spine.storage.context import StorageContext
-from arrangedb.pager.sizing import READ_AHEAD_SHARE, RUN_SHARE
+from arrangedb.pager.sizing import PLAN_BATCH_ROW_BYTES, READ_AHEAD_SHARE, RUN_SHARE
 
 _MERGE_FAN_IN = 8    # runs merged into one file at a time (one decoded part each)
 # What sorting a run holds per row beside its input and its sorted copy, at its peak:
@@ -143,7 +143,8 @@ class RunBuilder:
 
     def _build(self, data, time, diff, merge, resident, max_resident, new_writer, lower
                ) -> list[Batch]:
-        schema, stream = open_batches(data)
+        schema, stream = open_batches(   # a plan's batches as large as runs take
+            data, batch_rows=max(1 << 16, self.run_bytes() // PLAN_BATCH_ROW_BYTES))
         time = roles.resolve_role(schema, time, roles.TIME, self.columns.time)
         diff = roles.resolve_role(schema, diff, roles.WEIGHT, self.columns.diff)
         Columns.resolve(schema, self.key_schema.names, self.val_names, time or False,

@@ -45,11 +45,12 @@ def _is_supported_val(t: pa.DataType) -> bool:
     return _is_supported_key(t) or pa.types.is_null(t)
 
 
-def open_batches(data, columns: list[str] | None = None
+def open_batches(data, columns: list[str] | None = None, batch_rows: int | None = None
                  ) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
     """The schema and a stream of record batches of any supported input.
 
     ``columns`` narrows what a Parquet input decodes (other inputs are already decoded).
+    ``batch_rows``: the batch size an operator's plan is asked for (``Plan.to_reader``).
     Parquet is read one batch at a time without pre-buffering or read-ahead: pyarrow's
     defaults keep every row group read so far (or many ahead) in Arrow memory, out of
     the budget's sight.
@@ -60,8 +61,8 @@ def open_batches(data, columns: list[str] | None = None
         return data.schema, iter([data])
     if isinstance(data, pa.RecordBatchReader):
         return data.schema, iter(data)
-    if hasattr(data, "to_reader") and hasattr(data, "explain"):   # an operator's plan
-        reader = data.to_reader()
+    if is_plan(data):
+        reader = data.to_reader(batch_rows)
         return reader.schema, iter(reader)
     if hasattr(data, "__arrow_c_stream__"):   # any Arrow stream: DuckDB, Polars...
         reader = pa.RecordBatchReader.from_stream(data)
@@ -125,6 +126,11 @@ def known_rows(data) -> int | None:
         except (OSError, pa.ArrowException):
             return None   # opening it says what is wrong
     return None
+
+
+def is_plan(data) -> bool:
+    """Whether ``data`` is an operator's plan (:class:`arrangedb.ops.plan.Plan`)."""
+    return hasattr(data, "to_reader") and hasattr(data, "explain")
 
 
 def is_file_input(data) -> bool:

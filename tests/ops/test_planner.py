@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import decimal
 import math
+from collections import Counter
 
 import duckdb
 import numpy as np
@@ -228,6 +229,32 @@ def test_a_plan_is_an_arrow_stream_for_pyarrow_duckdb_and_the_engine():
         grouped = adb.group_by(plan, by="s", aggs={"n": ("count", None)})
         assert grouped.read_all().to_pydict() == {"s": [3], "n": [2]}
 
+
+def test_a_plan_is_read_in_the_batches_its_consumer_asks_for_unless_it_gave_its_own(
+        monkeypatch):
+    """``to_reader(batch_rows=)`` sizes the last operator's batches when the plan left
+    them to it; ``engine.arrange`` asks for batches as large as its runs take."""
+    from arrangedb.ops import plan as plan_module
+
+    n = 3000
+    t = pa.table({"k": np.arange(n), "v": np.arange(n) % 7})
+    with adb.Engine(memory_budget="64MiB") as engine:
+        F = engine.arrange(t, key=["k"], vals=["v"])
+        D = engine.arrange(pa.table({"k": np.arange(n), "r": np.arange(n) % 3}), key=["k"],
+                           vals=["r"])
+        joined = adb.join(F, D)
+        assert [b.num_rows for b in joined.to_reader(batch_rows=1000)] == [1000] * 3
+        given = adb.join(F, D, batch_rows=500)
+        assert {b.num_rows for b in given.to_reader(batch_rows=1000)} == {500}
+        asked = []
+        real = plan_module.Node.open
+        monkeypatch.setattr(plan_module.Node, "open", lambda self, batch_rows=None: (
+            asked.append(batch_rows) or real(self, batch_rows)))
+        again = engine.arrange(joined, key=["r"], vals=["v"])
+        assert asked and asked[0] >= 1 << 16
+        got = again.snapshot().read_all().to_pydict()
+        counts = Counter(zip(np.arange(n) % 3, np.arange(n) % 7))
+        assert dict(zip(zip(got["r"], got["v"]), got["count"])) == counts
 
 def test_a_plan_over_a_one_shot_stream_runs_once_and_then_says_why_not():
     t = pa.table({"g": ["a", "b", "a"], "x": [1, 2, 3]})
