@@ -67,13 +67,14 @@ def rank_positions(first: int, last: int, words_at: Callable, ranks_at: Callable
     # uint64 queries beyond int64 wrap to negatives: below first, missed (first >= -2**63)
     q = q.astype(np.int64, copy=False)
     n = len(q)
-    # a part's share of a lookup's queries lies inside its range (but at the ends)
+    # a lookup hands a part the queries between its first key and the next part's: all
+    # inside its range, but at the ends of the trace's key range
     inside = None if n and q.min() >= first and q.max() <= last \
         else np.flatnonzero((q >= first) & (q <= last))
     offset = (q if inside is None else q[inside]) - np.int64(first)
     offset = offset.view(np.uint64)
     w = (offset >> np.uint64(6)).view(np.int64)   # below 2**58: the same bits either way
-    bit = offset
+    bit = offset   # the offsets are done with: their low bits, in place
     bit &= np.uint64(63)
     word = np.asarray(words_at(w), np.uint64)
     found = ((word >> bit) & np.uint64(1)).astype(bool)
