@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from arrangedb.spine.data import roles
-from arrangedb.spine.data.updates import Updates, all_equal, constant
+from arrangedb.spine.data.updates import Updates, constant
 
 # Rows per batch read from Parquet: 256k rows decode ~30% faster than 64k (per-batch
 # costs), and ingest slices any batch too big for a run. A Table goes in as its own
@@ -341,14 +341,7 @@ def _times(batch, name, n, default) -> np.ndarray:
     if pa.types.is_signed_integer(col.type) and n and pc.min(col).as_py() < 0:
         raise SchemaError(f"time column {name!r} holds negative times "
                           f"(min {pc.min(col).as_py()}); times are unsigned")
-    return _one_value_as_constant(col.to_numpy().astype(np.uint64, copy=False))
-
-
-def _one_value_as_constant(a: np.ndarray) -> np.ndarray:
-    """``a``, or a stride-0 view when every row holds one value (an operator's output
-    at one time, a join's counts of a dimension): runs then concatenate and sort it
-    as one value -- no copy, no gather, diffs summed as counts."""
-    return constant(a[0], len(a), a.dtype) if len(a) > 1 and all_equal(a) else a
+    return col.to_numpy().astype(np.uint64, copy=False)
 
 
 def _diffs(batch, name, n, default) -> np.ndarray:
@@ -361,4 +354,4 @@ def _diffs(batch, name, n, default) -> np.ndarray:
         raise SchemaError(f"diff column {name!r} holds null(s)")
     if col.type == pa.uint64() and n and pc.max(col).as_py() > np.iinfo(np.int64).max:
         raise SchemaError(f"diff column {name!r} holds values beyond int64")
-    return _one_value_as_constant(col.to_numpy().astype(np.int64, copy=False))
+    return col.to_numpy().astype(np.int64, copy=False)

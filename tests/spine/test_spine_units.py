@@ -493,26 +493,6 @@ def test_input_without_time_or_diff_keeps_them_one_element_each():
     assert out.keys["k"].to_pylist() == [1, 1, 2, 3] and out.diffs.tolist() == [1] * 4
 
 
-def test_time_and_diff_columns_of_one_value_come_in_as_one_element():
-    """A time or diff column holding one value for every row (an operator's changes at
-    one time, a join's counts against a dimension) is ingested as a stride-0 view; a
-    column of several values as it is. Either way consolidation sums what it must."""
-    from arrangedb.spine.data.ingest import to_updates
-    from arrangedb.spine.data.updates import is_constant
-
-    t = pa.table({"k": np.array([3, 1, 2, 1], np.int64), "v": np.array([1., 2., 1., 2.]),
-                  "t": np.array([5, 5, 5, 5], np.uint64), "d": np.array([1, 2, 1, 3])})
-    cols = Columns.resolve(t.schema, ["k"], ["v"], "t", "d")
-    ks, vs = target_schemas(t.schema, cols)
-    upd = to_updates(t.to_batches()[0], cols, ks, vs)
-    assert is_constant(upd.times) and int(upd.times[0]) == 5
-    assert not is_constant(upd.diffs) and upd.diffs.tolist() == [1, 2, 1, 3]
-    out = consolidate(upd)
-    assert out.keys["k"].to_pylist() == [1, 2, 3] and out.diffs.tolist() == [5, 1, 1]
-    ones = to_updates(t.set_column(3, "d", pa.array([2] * 4)).to_batches()[0], cols, ks, vs)
-    assert is_constant(ones.diffs) and consolidate(ones).diffs.tolist() == [4, 2, 2]
-
-
 @pytest.mark.parametrize("limit", [8 << 20, 128 << 20, 256 << 20, 512 << 20, 4 << 30])
 def test_readers_hold_at_most_a_quarter_of_the_budget_in_decoded_parts(limit):
     from arrangedb.pager import MemoryBudget
