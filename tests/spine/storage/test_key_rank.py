@@ -37,12 +37,7 @@ def test_positions_equal_a_binary_search(monkeypatch, keys, queries, offset):
     if span > RANK_SPAN * len(keys) or _strided(keys):
         assert index is None   # sparse keys are searched; strided ones decode by arange
         return
-    words, ranks = index
-    pos, hit = rank_positions(int(keys[0]), int(keys[-1]), words.__getitem__,
-                              ranks.__getitem__, pa.array(queries))
-    want_pos, want_hit = _model(keys, queries)
-    assert hit.tolist() == want_hit.tolist()
-    assert pos.tolist() == want_pos.tolist()
+    _assert_positions_as_searched(keys, queries, index)
 
 
 @settings(max_examples=100, deadline=None,
@@ -60,12 +55,17 @@ def test_positions_of_queries_within_the_keys_range(monkeypatch, keys, data):
     chosen = data.draw(st.lists(st.sampled_from(keys.tolist()), min_size=1, unique=True))
     gaps = data.draw(st.lists(st.integers(int(keys[0]), int(keys[-1])), max_size=5))
     queries = np.unique(np.array(chosen + gaps, np.int64))
+    _assert_positions_as_searched(keys, queries, index)
+
+
+def _assert_positions_as_searched(keys: np.ndarray, queries: np.ndarray, index) -> None:
     words, ranks = index
     pos, hit = rank_positions(int(keys[0]), int(keys[-1]), words.__getitem__,
                               ranks.__getitem__, pa.array(queries))
     want_pos, want_hit = _model(keys, queries)
     assert hit.tolist() == want_hit.tolist()
     assert pos.tolist() == want_pos.tolist()
+
 
 def _strided(keys) -> bool:
     """Keys at one step from each other (dense ids among them)."""
