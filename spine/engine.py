@@ -144,14 +144,15 @@ class Engine:
             schema, source = data.schema, data
         else:
             schema, stream = open_batches(data)
+            # the build opens a file again (only the columns it needs) and knows a
+            # table's size; a stream is read once, from here
+            if is_file_input(data) or isinstance(data, (pa.Table, pa.RecordBatch)):
+                source = data
+            else:
+                source = pa.RecordBatchReader.from_batches(schema, stream)
         cols = Columns.resolve(schema, key, vals, time, diff)
-        if is_file_input(data):   # the trace's build opens it again, reading what it needs
+        if is_file_input(data):
             schema = pa.schema([schema.field(c) for c in cols.needed()])
-            source = data
-        elif isinstance(data, (pa.Table, pa.RecordBatch)):   # its size known to the build
-            source = data
-        elif not is_plan(data):
-            source = pa.RecordBatchReader.from_batches(schema, stream)
         key_schema, val_schema = target_schemas(schema, cols)
         trace = Trace(self.ctx, key_schema, val_schema, cols, name)
         trace.add_runs(trace.runs.build(source, cols.time or False, cols.diff or False))

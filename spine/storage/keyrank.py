@@ -83,8 +83,8 @@ def rank_positions(first: int, last: int, words_at: Callable, ranks_at: Callable
         w, bit, word = w[found], bit[found], word[found]
     below = word & ((np.uint64(1) << bit) - np.uint64(1))
     pos = np.asarray(ranks_at(w), np.int64) + np.bitwise_count(below)
-    if every and inside is None:
-        return pos, np.ones(n, dtype=bool)
+    if inside is None:   # every query was looked at: found is the hit mask
+        return pos, found
     hit = np.zeros(n, dtype=bool)
-    hit[(np.arange(n) if inside is None else inside)[found]] = True
+    hit[inside[found]] = True
     return pos, hit
