@@ -78,6 +78,11 @@ class MemoryBudget:
         self._lock = threading.RLock()
         self._spilling = False
         self._pressure = False
+        # RSS that the last answer to pressure left over the limit (what the allocators
+        # and the interpreter keep, beyond any spiller's reach): pressure is answered
+        # again once RSS grows a step past it, not at every reservation
+        self._unrelieved_rss = 0
+        self._pressure_step = max(1 << 20, min(self.limit // 16, 16 << 20))
         self._closed = False
         self._stop = threading.Event()
         self._sampler = None
@@ -96,7 +101,7 @@ class MemoryBudget:
         rss = self._sample_at_reservation()
         with self._lock:
             over = self.held + nbytes - self.limit
-            if self._pressure and rss - self.baseline_rss > self.limit:
+            if self._pressure and self._over_by_rss(rss):
                 over = max(over, rss - self.baseline_rss - self.limit)
             if over <= 0:   # fits, nothing to spill: the common case, one lock
                 self.held += nbytes
@@ -112,6 +117,8 @@ class MemoryBudget:
             over = max(reserved_over, self.sample(fast=True) - self.baseline_rss - self.limit)
         if over > 0:
             self.spill(over)
+        if over > reserved_over:
+            self._left_over(self.sample(fast=True))
         with self._lock:
             if self.held + nbytes > self.limit:
                 raise BudgetExceeded(
@@ -212,7 +219,19 @@ class MemoryBudget:
             self.peak_rss = rss
         if rss - self.baseline_rss > self.limit:
             self._pressure = True
+        else:
+            self._unrelieved_rss = 0
         return rss
+
+    def _over_by_rss(self, rss: int) -> bool:
+        """Whether RSS is over the limit and a step past what the last answer left."""
+        return (rss - self.baseline_rss > self.limit
+                and rss >= self._unrelieved_rss + self._pressure_step)
+
+    def _left_over(self, rss: int) -> None:
+        """Note the RSS an answer to pressure left (over the limit: the next answer waits
+        for a step past it)."""
+        self._unrelieved_rss = rss if rss - self.baseline_rss > self.limit else 0
 
     def _sample_at_reservation(self) -> int:
         """RSS for a reservation: read afresh at most every millisecond.
@@ -247,9 +266,11 @@ class MemoryBudget:
     def relieve(self) -> int:
         """At a safe point (between steps of a loop): spill if RSS went over the limit."""
         rss = self.sample()
-        if self._pressure and rss - self.baseline_rss > self.limit:
+        if self._pressure and self._over_by_rss(rss):
             self._pressure = False
-            return self.spill(rss - self.baseline_rss - self.limit)
+            freed = self.spill(rss - self.baseline_rss - self.limit)
+            self._left_over(self.sample(fast=True))
+            return freed
         return 0
 
     def _sample_loop(self, interval: float) -> None:

@@ -18,6 +18,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 import zlib
 
 from arrangedb.pager.checksum import checksum64
@@ -639,6 +640,40 @@ def test_rss_pressure_hands_back_kept_memory_before_asking_spillers(monkeypatch)
         assert (calls[0] if calls else 0) == spilled
         assert b.held == 10
         b.close()
+
+
+def test_rss_pressure_left_unrelieved_is_answered_again_only_a_step_higher(monkeypatch):
+    """RSS over the limit that neither a trim nor the spillers bring down (what the
+    interpreter keeps) is answered once, not at every reservation: again when RSS grows
+    a step (a sixteenth of the limit here) past what the answer left, and at once after
+    RSS has been under the limit."""
+    import arrangedb.pager.budget as budget_mod
+
+    trims, calls = [], []
+    monkeypatch.setattr(budget_mod, "release_freed_memory", lambda: trims.append(1))
+    b = MemoryBudget(16 * MiB, sample_interval=0)
+    b.add_spiller(lambda wanted: calls.append(wanted) or 0)
+    grown = {"rss": 0}
+    b.rss = lambda fast=False: b.baseline_rss + grown["rss"]
+
+    def answers_at(rss: int) -> int:
+        """Answers to pressure (spiller calls) a reservation makes at ``rss``."""
+        grown["rss"] = rss
+        time.sleep(0.002)    # past the reservations' millisecond of cached RSS
+        b.sample()
+        before = len(calls)
+        b.reserve(10, "small")
+        b.release(10, "small")
+        return len(calls) - before
+
+    assert answers_at(18 * MiB) == 1 and trims == [1]
+    assert answers_at(18 * MiB) == 0                 # nothing changed: not asked again
+    assert answers_at(18 * MiB + MiB // 2) == 0      # less than a step higher
+    assert answers_at(19 * MiB + MiB // 2) == 1      # a step higher
+    assert answers_at(10 * MiB) == 0                 # under the limit
+    assert answers_at(17 * MiB) == 1                 # over it again: answered at once
+    assert len(trims) == 3
+    b.close()
 
 
 # -- spill directories ----------------------------------------------------------------------
