@@ -241,11 +241,11 @@ def _joined(tables: list[pa.Table]) -> pa.Table:
 def _coalesced(batches, max_bytes: int, max_rows: int = 1 << 20) -> Iterator[pa.Table]:
     """The stream's non-empty batches gathered into tables of up to ``max_rows`` rows (or
     ``max_bytes``), as chunks: one grouping call per table costs less per row than one
-    per 64k-row batch, and chunks need no copy (strings included) to be grouped."""
+    per 64k-row batch, and chunks need no copy (strings included) to be grouped. A
+    larger batch (a table read whole) is cut: grouping it at once would hold partials
+    for all its groups."""
     pending, rows, nbytes = [], 0, 0
-    for rb in batches:
-        if rb.num_rows == 0:
-            continue
+    for rb in _cut(batches, max_bytes, max_rows):
         pending.append(rb)
         rows += rb.num_rows
         nbytes += rb.nbytes
@@ -254,6 +254,20 @@ def _coalesced(batches, max_bytes: int, max_rows: int = 1 << 20) -> Iterator[pa.
             pending, rows, nbytes = [], 0, 0
     if pending:
         yield pa.Table.from_batches(pending)
+
+
+def _cut(batches, max_bytes: int, max_rows: int) -> Iterator[pa.RecordBatch]:
+    """The non-empty batches, those over ``max_rows`` rows or ``max_bytes`` sliced."""
+    for rb in batches:
+        n = rb.num_rows
+        if n == 0:
+            continue
+        step = min(max_rows, max(1, n * max_bytes // max(rb.nbytes, 1)))
+        if step >= n:
+            yield rb
+            continue
+        for lo in range(0, n, step):
+            yield rb.slice(lo, step)
 
 
 def _finish_spilled(partials: Partials, trace, last) -> Iterator[pa.RecordBatch]:

@@ -213,6 +213,21 @@ def test_group_by_spills_partials_when_groups_do_not_fit(tmp_path, dictionary):
     assert bag(got) == bag(want.cast(got.schema))
 
 
+def test_group_by_of_one_large_table_spills_its_partials_too(tmp_path):
+    """A table read whole (one chunk) is grouped a slice at a time, so that its groups'
+    partials spill as a stream's do instead of being asked of the budget at once."""
+    rng = np.random.default_rng(4)
+    n = 600_000
+    T = pa.table({"g": rng.permutation(n), "x": rng.integers(0, 100, n)})
+    assert T.column("g").num_chunks == 1
+    with adb.Engine(spill_dir=tmp_path, memory_budget="8MiB") as e:
+        got = adb.group_by(T, by="g", aggs={"n": ("count", None), "s": ("sum", "x")},
+                           engine=e).read_all()
+        assert e.stats()["bytes_spilled"] > 0
+    want = sql("select g, count(*) n, sum(x) s from T group by g", T=T)
+    assert bag(got) == bag(want.cast(got.schema))
+
+
 def test_top_k_distinct_threshold(engine):
     T = pa.table({"k": [1, 1, 1, 1, 2, 2, 3], "v": [5, 9, 7, 9, 1, 2, 4]})
     t = engine.arrange(T, key=["k"])
