@@ -50,10 +50,15 @@ class Node:
                                    f"table, a trace or a plan to consume it again")
             reader, self.first = self.first, None
             return reader
-        if batch_rows is not None and "batch_rows" not in self.kwargs \
-                and _takes_batch_rows(self.fn):
+        if batch_rows is not None and self._may_size_batches():
             return self.fn(*self.args, **self.kwargs, batch_rows=batch_rows)
         return self.fn(*self.args, **self.kwargs)
+
+    def _may_size_batches(self) -> bool:
+        """Whether the operator takes ``batch_rows`` and was given none (by name or by
+        position)."""
+        at = _batch_rows_position(self.fn)
+        return at is not None and "batch_rows" not in self.kwargs and len(self.args) <= at
 
     def inputs(self) -> list:
         """The plans, traces and streams this node reads, in argument order."""
@@ -61,8 +66,10 @@ class Node:
 
 
 @functools.lru_cache(maxsize=None)
-def _takes_batch_rows(fn) -> bool:
-    return "batch_rows" in inspect.signature(fn).parameters
+def _batch_rows_position(fn) -> int | None:
+    """The position of ``fn``'s ``batch_rows`` parameter, None when it has none."""
+    names = list(inspect.signature(fn).parameters)
+    return names.index("batch_rows") if "batch_rows" in names else None
 
 
 def is_input(x) -> bool:

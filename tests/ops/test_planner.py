@@ -246,6 +246,9 @@ def test_a_plan_is_read_in_the_batches_its_consumer_asks_for_unless_it_gave_its_
         assert [b.num_rows for b in joined.to_reader(batch_rows=1000)] == [1000] * 3
         given = adb.join(F, D, batch_rows=500)
         assert {b.num_rows for b in given.to_reader(batch_rows=1000)} == {500}
+        by_position = adb.join(F, D, None, "inner", None, None, False, 500)
+        assert {b.num_rows for b in by_position.to_reader(batch_rows=1000)} == {500}
+        assert engine.arrange(by_position, key=["k"]).snapshot().read_all().num_rows == n
         asked = []
         real = plan_module.Node.open
         monkeypatch.setattr(plan_module.Node, "open", lambda self, batch_rows=None: (
@@ -255,6 +258,7 @@ def test_a_plan_is_read_in_the_batches_its_consumer_asks_for_unless_it_gave_its_
         got = again.snapshot().read_all().to_pydict()
         counts = Counter(zip(np.arange(n) % 3, np.arange(n) % 7))
         assert dict(zip(zip(got["r"], got["v"]), got["count"])) == counts
+
 
 def test_a_plan_over_a_one_shot_stream_runs_once_and_then_says_why_not():
     t = pa.table({"g": ["a", "b", "a"], "x": [1, 2, 3]})
