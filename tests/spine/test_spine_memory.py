@@ -77,6 +77,56 @@ def test_arrange_and_read_back_eight_times_the_budget(tmp_path):
     assert grown <= budget + r["allowance"]
 
 
+WIDE_SCRIPT = textwrap.dedent("""
+    import json, sys, zlib
+    import numpy as np, pyarrow as pa
+    from arrangedb import Engine
+    from arrangedb.pager import RSS_ALLOWANCE
+
+    budget, width, root = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    n = 4 * budget // width          # 4x the budget in string bytes alone
+    step = (8 << 20) // width        # input batches of ~8 MiB
+    expected = {"rows": n, "crc": 0}
+
+    def generate():
+        rng = np.random.default_rng(0)
+        pad = "x" * (width - 8)
+        for lo in range(0, n, step):
+            m = min(step, n - lo)
+            yield pa.record_batch({"k": rng.integers(0, n // 2, m),
+                                   "s": pa.array([pad + "%08d" % i for i in range(lo, lo + m)])})
+
+    with Engine(spill_dir=root, memory_budget=budget) as engine:
+        trace = engine.arrange(generate(), key=["k"], vals=["s"])
+        rows, ids = 0, []
+        for b in trace.snapshot():
+            rows += int(b.column("count").to_numpy().sum())
+            ids.append(pa.compute.utf8_slice_codeunits(b.column("s"), width - 8).cast(pa.int64()))
+        stats, batches = engine.stats(), len(trace.batches())
+    ids = np.sort(np.concatenate([a.to_numpy() for a in ids]))
+    print(json.dumps({"rows": rows, "expected_rows": n,
+                      "ids_are_every_row_once": bool((ids == np.arange(n)).all()),
+                      "batches": batches,
+                      "grown": stats["peak_rss_bytes"] - stats["baseline_rss_bytes"],
+                      "allowance": RSS_ALLOWANCE}))
+""")
+
+
+@pytest.mark.slow
+def test_rows_of_long_strings_are_merged_and_read_within_the_budget(tmp_path):
+    """A merge step is sized in bytes, not rows alone: 400-byte strings 4x the budget,
+    sorted into runs and merged down, stay within it."""
+    budget = 48 << 20
+    out = subprocess.run([sys.executable, "-c", WIDE_SCRIPT, str(budget), "400",
+                          str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["rows"] == r["expected_rows"] and r["ids_are_every_row_once"]
+    print(f"peak RSS over baseline {r['grown'] / 2**20:.0f} MiB, "
+          f"limit {(budget + r['allowance']) / 2**20:.0f} MiB, {r['batches']} batches")
+    assert r["grown"] <= budget + r["allowance"]
+
+
 SETTLED_SCRIPT = textwrap.dedent("""
     import json, sys
     import numpy as np, pyarrow as pa
