@@ -147,13 +147,12 @@ class BatchReader:
 NOMINAL_ROW_BYTES = 32
 
 
-def _rows_of_width(rows: int, batches: list[Batch]) -> int:
-    """``rows`` nominal rows as rows of the batches' mean width (data, time, diff)."""
+def _width_scale(batches: list[Batch]) -> float:
+    """The nominal row's width over the batches' mean row width (data, time, diff), at
+    most 1: what a window of rows sized for nominal rows is scaled by."""
     n = sum(len(b) for b in batches)
     width = 16 + sum(b.payload_bytes for b in batches) / max(n, 1)
-    if width <= NOMINAL_ROW_BYTES:
-        return rows
-    return max(1024, int(rows * NOMINAL_ROW_BYTES / width))
+    return min(1.0, NOMINAL_ROW_BYTES / width)
 
 
 class MergedReader:
@@ -163,7 +162,8 @@ class MergedReader:
                  window_rows: int | None = None, dictionary: dict | None = None):
         """``dictionary``: per tag, the val columns to read as dictionary arrays."""
         self.ctx = ctx
-        self.window_rows = window_rows or _rows_of_width(ctx.window_rows, batches)
+        scale = _width_scale(batches)
+        self.window_rows = window_rows or max(16, int(ctx.window_rows * scale))
         tags = tags if tags is not None else [0] * len(batches)
         dictionary = dictionary or {}
         self._sources = [(BatchReader(b, ctx, dictionary=dictionary.get(t, frozenset())), t)
@@ -171,7 +171,10 @@ class MergedReader:
         # a step holds a window of every source and its kernels several copies of the
         # step: keep the step's total, not each source's share, proportional to the
         # budget, so a wide merge costs no more memory than a narrow one
-        self.window_rows = max(1024, self.window_rows * 4 // max(4, len(self._sources)))
+        # (at least 1024 nominal rows' bytes a source)
+        self._least = max(16, int(1024 * scale))
+        self.window_rows = max(self._least,
+                               self.window_rows * 4 // max(4, len(self._sources)))
         # Each source's window is its share of the step, so that every window spans
         # about the same keys: with equal windows the densest source's window ends
         # first and cuts every step short (a step over an 8M-row batch and a 1M-row run
@@ -188,7 +191,7 @@ class MergedReader:
 
     def _shares(self, rows: list[int]) -> list[int]:
         total = max(sum(rows), 1)
-        return [max(1024, self._step_rows * n // total) for n in rows]
+        return [max(self._least, self._step_rows * n // total) for n in rows]
 
     def __iter__(self) -> Iterator[list[tuple[int, Updates, np.ndarray | None]]]:
         try:

@@ -475,6 +475,31 @@ def test_merged_reads_take_full_steps_over_sources_of_unequal_density():
     assert steps <= 1.5 * ideal + 2, (steps, ideal)
 
 
+def test_merged_steps_of_wide_rows_hold_the_bytes_of_narrow_ones():
+    """A step's rows are the window of 32-byte rows scaled to the rows' width: eight
+    runs of 2 KiB strings are read in steps of about the bytes a step of narrow rows
+    holds, every row once, in key order."""
+    from arrangedb.spine.read.reader import NOMINAL_ROW_BYTES, MergedReader
+
+    rng = np.random.default_rng(6)
+    pad = "x" * 2040
+    window = 2048
+    traces = [memory_trace(pa.table({"k": rng.integers(0, 1 << 30, 400),
+                                     "s": [pad + "%08d" % (400 * i + j) for j in range(400)]}),
+                           ["k"], ["s"], part_bytes=64 << 10, window_rows=window)
+              for i in range(8)]
+    reader = MergedReader([t.batches()[0] for t in traces], traces[0].ctx)
+    largest, seen, last = 0, [], -1
+    for step in reader:
+        largest = max(largest, sum(u.nbytes for _, u, _ in step))
+        keys = np.concatenate([u.keys["k"].to_numpy() for _, u, _ in step])
+        assert keys.min() > last
+        last = keys.max()
+        seen += [v for _, u, _ in step for v in u.vals["s"].to_pylist()]
+    assert sorted(seen) == sorted(pad + "%08d" % i for i in range(3200))
+    assert largest <= 2 * 4 * window * NOMINAL_ROW_BYTES, largest   # 6.5 MB at once before
+
+
 def test_input_without_time_or_diff_keeps_them_one_element_each():
     """A snapshot load's times and diffs are stride-0 views from ingest through the
     sort: its updates cost their payload alone, and consolidation keeps them so."""
