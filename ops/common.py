@@ -60,6 +60,21 @@ def check_batch_rows(batch_rows: int) -> int:
     return int(batch_rows)
 
 
+def rows_within_bytes(batch_rows: int, traces) -> int:
+    """``batch_rows``, fewer when output rows as wide as a row of each trace (its stored
+    data, a time and a diff) would make a batch larger than a sixteenth of the budget
+    (at least 1 MiB): rows of long strings come in fewer rows a batch, not in larger
+    batches (64k joined rows of 2 KiB strings were 127 MiB under a 64 MiB budget)."""
+    budget = getattr(traces[0].ctx, "budget", None)
+    if budget is None:
+        return batch_rows
+    width = 16
+    for t in traces:
+        bs = t.batches()
+        width += sum(b.payload_bytes for b in bs) / max(sum(len(b) for b in bs), 1)
+    return max(1, min(batch_rows, int(max(1 << 20, budget.limit // 16) // width)))
+
+
 def check_time(name: str, value) -> None:
     if value is not None and (not isinstance(value, (int, np.integer)) or value < 0):
         raise ValueError(f"{name}={value!r}: times are non-negative ints")

@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 
 from arrangedb.ops.common import (DEFAULT_BATCH_ROWS, check_batch_rows, columns_of,
-                                  output_chunks, ranges)
+                                  output_chunks, ranges, rows_within_bytes)
 from arrangedb.ops.match import match_keys
 from arrangedb.ops.per_key import check_window, consolidated, lookup_block, per_key_changes
 from arrangedb.spine import Block, co_blocks, dictionary_schema, roles
@@ -333,6 +333,7 @@ def join(left, right, at: int | None = None, how: str = "inner", since: int | No
     batch_rows = check_batch_rows(batch_rows)
     check_traces(left, right)
     check_window((left, right), at, since, upto)
+    batch_rows = rows_within_bytes(batch_rows, (left, right))
     dictionary = _dictionary_columns(left, right, how, read_dictionary)
     if since is None:
         for t in (left, right):

@@ -228,6 +228,22 @@ def test_group_by_of_one_large_table_spills_its_partials_too(tmp_path):
     assert bag(got) == bag(want.cast(got.schema))
 
 
+def test_a_join_of_long_strings_comes_in_batches_of_a_share_of_the_budget(tmp_path):
+    """Batches are cut in bytes as well as rows: 2 KiB strings joined many to many (10k
+    output rows a key) under 32 MiB come in batches of about 2 MiB (a sixteenth of the
+    budget), not 64k rows (128 MB)."""
+    keys = 20
+    L = pa.table({"k": np.repeat(np.arange(keys), 50),
+                  "s": ["z" * 2040 + "%08d" % i for i in range(50 * keys)]})
+    R = pa.table({"k": np.repeat(np.arange(keys), 200), "b": np.arange(200 * keys)})
+    with adb.Engine(spill_dir=tmp_path, memory_budget="32MiB") as e:
+        lt, rt = e.arrange(L, key=["k"]), e.arrange(R, key=["k"])
+        reader = adb.join(lt, rt).to_reader()
+        sizes = [next(reader).nbytes for _ in range(4)]
+        reader.close()
+    assert max(sizes) <= 3 << 20, sizes
+
+
 def test_top_k_distinct_threshold(engine):
     T = pa.table({"k": [1, 1, 1, 1, 2, 2, 3], "v": [5, 9, 7, 9, 1, 2, 4]})
     t = engine.arrange(T, key=["k"])
