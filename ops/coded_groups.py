@@ -103,8 +103,10 @@ class RunningTotals:
 
     MAX_OPEN_SLOTS = 1 << 16   # past this many slots held, the totals close (tables)
 
-    def __init__(self, column: str, name: str):
-        self.column, self.name = column, name
+    def __init__(self, column: str, name: str, max_bytes: int | None = None):
+        """``max_bytes``: past this much held in the dictionaries of the totals, they
+        close too (64k slots of 2 KiB strings are 128 MiB)."""
+        self.column, self.name, self.max_bytes = column, name, max_bytes
         self._totals: list[CodeTotals] = []   # one per distinct dictionary met
         # the last block met, coded: a block meets several groupings of A's pieces when
         # they hold many keys
@@ -131,7 +133,9 @@ class RunningTotals:
             totals = CodeTotals(block.dictionary)
             self._totals.append(totals)
         count_pieces(got, block, totals)   # int64 and float partials: always taken
-        if sum(t.slots for t in self._totals) > self.MAX_OPEN_SLOTS:
+        if sum(t.slots for t in self._totals) > self.MAX_OPEN_SLOTS or (
+                self.max_bytes is not None
+                and sum(t.dictionary.nbytes for t in self._totals) > self.max_bytes):
             return self.tables()
         return []
 

@@ -133,7 +133,9 @@ def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: Partials,
     coded = (len(by) == 1 and where[by[0]][0] == b_side and where[by[0]][1] in dictionary
              and is_absolute([f.type for f in a_trace.key_schema]))
 
-    running = RunningTotals(where[by[0]][1], by[0]) if coded else None
+    budget = getattr(a_trace.ctx, "budget", None)
+    running = RunningTotals(where[by[0]][1], by[0], None if budget is None else
+                            max(1 << 20, budget.limit // 16)) if coded else None
 
     def emit(got: list[list], bb: Block) -> Iterator[pa.RecordBatch]:
         """The groups of A's pieces ``got`` (a list per A batch) against B's block:

@@ -76,3 +76,29 @@ def test_slots_of_maps_a_dictionary_into_the_totals():
     assert totals.slots_of(pa.array(["c", "a"])).tolist() == [2, 0]
     assert totals.slots_of(pa.array(["a", "d"])) is None
     assert totals.slots_of(pa.array([1, 2])) is None
+
+
+def test_open_totals_close_past_a_share_of_the_budget_in_dictionary_bytes(tmp_path,
+                                                                           monkeypatch):
+    """Totals over long strings close once their dictionaries hold a sixteenth of the
+    budget (at least 1 MiB), not only past 64k slots: 4 MB of distinct 1 KiB groups
+    across the dimension's parts are never all held, and the result is DuckDB's."""
+    from arrangedb.ops.coded_groups import RunningTotals
+
+    rng = np.random.default_rng(8)
+    nkeys = 4_000
+    R = pa.table({"k": np.arange(nkeys), "g": ["y" * 1016 + "%08d" % i for i in range(nkeys)]})
+    L = pa.table({"k": rng.integers(0, nkeys, 40_000), "x": rng.integers(0, 9, 40_000)})
+    held = []
+    add = RunningTotals.add
+    monkeypatch.setattr(RunningTotals, "add", lambda self, got, bb: (
+        add(self, got, bb), held.append(sum(t.dictionary.nbytes for t in self._totals)))[0])
+    with adb.Engine(spill_dir=tmp_path, memory_budget="16MiB", idle_merge=False) as e:
+        lt, rt = e.arrange(L, key=["k"]), e.arrange(R, key=["k"])
+        assert len(rt.batches()[0].parts) > 4
+        got = adb.group_by(adb.join(lt, rt), by="g",
+                           aggs={"n": ("count", None), "s": ("sum", "x")}).read_all()
+    assert held and max(held) <= 2 << 20, max(held)   # 1 MiB and a part's dictionary
+    want = sql("select g, count(*) n, sum(x) s from L join R using (k) group by g", L=L, R=R)
+    assert sorted(got.to_pylist(), key=lambda r: r["g"]) == \
+        sorted(want.cast(got.schema).to_pylist(), key=lambda r: r["g"])
