@@ -7,7 +7,8 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.spine import ranges
+from arrangedb.pager import OPERATOR_BUFFER_MIN_BYTES, OPERATOR_BUFFER_SHARE
+from arrangedb.spine import payload_per_update, ranges
 
 
 DEFAULT_BATCH_ROWS = 1 << 16
@@ -60,19 +61,25 @@ def check_batch_rows(batch_rows: int) -> int:
     return int(batch_rows)
 
 
+def operator_buffer_bytes(trace) -> int | None:
+    """What one operator buffer over ``trace`` may hold under its engine's budget (a
+    share of it, :mod:`arrangedb.pager.sizing`); None without a budget."""
+    budget = getattr(trace.ctx, "budget", None)
+    if budget is None:
+        return None
+    return max(OPERATOR_BUFFER_MIN_BYTES, budget.limit // OPERATOR_BUFFER_SHARE)
+
+
 def rows_within_bytes(batch_rows: int, traces) -> int:
     """``batch_rows``, fewer when output rows as wide as a row of each trace (its stored
-    data, a time and a diff) would make a batch larger than a sixteenth of the budget
-    (at least 1 MiB): rows of long strings come in fewer rows a batch, not in larger
-    batches (64k joined rows of 2 KiB strings were 127 MiB under a 64 MiB budget)."""
-    budget = getattr(traces[0].ctx, "budget", None)
-    if budget is None:
+    data, a time and a diff) would make a batch larger than an operator buffer: rows of
+    long strings come in fewer rows a batch, not in larger batches (64k joined rows of
+    2 KiB strings were 127 MiB under a 64 MiB budget)."""
+    cap = operator_buffer_bytes(traces[0])
+    if cap is None:
         return batch_rows
-    width = 16
-    for t in traces:
-        bs = t.batches()
-        width += sum(b.payload_bytes for b in bs) / max(sum(len(b) for b in bs), 1)
-    return max(1, min(batch_rows, int(max(1 << 20, budget.limit // 16) // width)))
+    width = 16 + sum(payload_per_update(t.batches()) for t in traces)
+    return max(1, min(batch_rows, int(cap // width)))
 
 
 def check_time(name: str, value) -> None:

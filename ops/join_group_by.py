@@ -33,7 +33,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from arrangedb.ops.aggregate import LIMB_SEP, carried, check_aggs, weigh_limbs
-from arrangedb.ops.common import DEFAULT_BATCH_ROWS, check_batch_rows, check_time
+from arrangedb.ops.common import (DEFAULT_BATCH_ROWS, check_batch_rows, check_time,
+                                  operator_buffer_bytes)
 from arrangedb.ops.group_by import group_by
 from arrangedb.ops.partials import (Partials, bincount_groups, partial_names, plain_schema,
                                     unified)
@@ -133,9 +134,8 @@ def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: Partials,
     coded = (len(by) == 1 and where[by[0]][0] == b_side and where[by[0]][1] in dictionary
              and is_absolute([f.type for f in a_trace.key_schema]))
 
-    budget = getattr(a_trace.ctx, "budget", None)
-    running = RunningTotals(where[by[0]][1], by[0], None if budget is None else
-                            max(1 << 20, budget.limit // 16)) if coded else None
+    running = (RunningTotals(where[by[0]][1], by[0], operator_buffer_bytes(a_trace))
+               if coded else None)
 
     def emit(got: list[list], bb: Block) -> Iterator[pa.RecordBatch]:
         """The groups of A's pieces ``got`` (a list per A batch) against B's block:

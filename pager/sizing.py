@@ -42,3 +42,8 @@ LARGE_PART_MIN_PARTS = 8
 LARGE_PARTS_READ = 4
 # group_by's partial aggregates held in memory before they spill through an arrangement.
 GROUP_BY_SHARE = 8
+# What one operator buffer may hold -- a join's output batch, the open totals of a
+# grouping on a dictionary column -- at least OPERATOR_BUFFER_MIN_BYTES: rows of long
+# strings then come as fewer rows, not as larger buffers.
+OPERATOR_BUFFER_SHARE = 16
+OPERATOR_BUFFER_MIN_BYTES = 1 << 20

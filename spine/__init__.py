@@ -20,6 +20,7 @@ from arrangedb.spine.data.updates import Updates, all_equal, is_constant
 from arrangedb.spine.read.cursor import (Block, batch_part_blocks, blocks, co_blocks,
                                          part_blocks)
 from arrangedb.spine.read.signs import nonnegative_at
+from arrangedb.spine.storage.batch import payload_per_update
 from arrangedb.spine.storage.dictionaries import dictionary_schema
 from arrangedb.spine.build.exertion import together
 from arrangedb.spine.handle import TraceHandle
@@ -33,6 +34,6 @@ __all__ = [
     "all_equal", "dictionary_schema", "engine_for", "is_constant", "is_identity",
     "nonnegative_at",
     "open_batches",
-    "part_blocks", "ranges", "roles",
+    "part_blocks", "payload_per_update", "ranges", "roles",
     "sort_rows", "together",
 ]

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.spine.storage.batch import Batch
+from arrangedb.spine.storage.batch import Batch, payload_per_update
 from arrangedb.spine.storage.context import StorageContext
 from arrangedb.spine.data.kernels import count_through, smallest_last_key
 from arrangedb.spine.data.updates import Updates
@@ -150,9 +150,7 @@ NOMINAL_ROW_BYTES = 32
 def _width_scale(batches: list[Batch]) -> float:
     """The nominal row's width over the batches' mean row width (data, time, diff), at
     most 1: what a window of rows sized for nominal rows is scaled by."""
-    n = sum(len(b) for b in batches)
-    width = 16 + sum(b.payload_bytes for b in batches) / max(n, 1)
-    return min(1.0, NOMINAL_ROW_BYTES / width)
+    return min(1.0, NOMINAL_ROW_BYTES / (16 + payload_per_update(batches)))
 
 
 class MergedReader:

@@ -130,6 +130,13 @@ class Batch:
             self._finalizer()
 
 
+def payload_per_update(batches) -> float:
+    """The mean key and val data of an update of ``batches`` (0 when they hold none): an
+    update read from them is this wide, and a time and a diff more."""
+    n = sum(len(b) for b in batches)
+    return sum(b.payload_bytes for b in batches) / n if n else 0.0
+
+
 def byte_stats(batches: list[Batch], updates: int) -> dict:
     """The byte figures of ``Trace.stats``: payload, encoded buffers, every byte of the
     files, and per update what lies beyond the payload -- in the files (bounds, times,
