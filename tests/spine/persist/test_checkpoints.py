@@ -552,7 +552,7 @@ def test_a_writer_killed_at_any_instant_leaves_a_whole_version(tmp_path):
                 got.close()
         return v
 
-    procs, warm, lives, at = [], deque(), 36, 0
+    procs, warm, lives, at = [], deque(), 20, 0
     stretch = data.ns["SCALE"] ** 0.5   # a version takes longer to write at scale
 
     try:
