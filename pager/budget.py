@@ -246,10 +246,13 @@ class MemoryBudget:
             self._last_rss = self.sample(fast=True)
         return self._last_rss
 
-    def trim_if_high(self, share: float = 0.5) -> bool:
+    def trim_if_high(self, share: float = 0.5, free_before: int = 0) -> bool:
         """Hand freed memory back to the OS (:func:`release_freed_memory`) only when RSS
         over the baseline passes ``share`` of the limit, and malloc holds at least a
-        sixteenth of the limit freed (when it says: :func:`heap_free_bytes`). A trim
+        sixteenth of the limit freed (when it says: :func:`heap_free_bytes`) beyond
+        ``free_before`` (what it held freed when the caller's work began,
+        :meth:`heap_free`: memory left freed by earlier work is not this work's to hand
+        back, and a trim of it makes the steps that reuse it fault it in afresh). A trim
         costs milliseconds, and memory handed back is faulted in again by the next
         allocations: after every routine step (a small insert, a short group_by) that is
         pure cost while RSS is low, or is high with pages the engine maps and holds (a
@@ -258,10 +261,16 @@ class MemoryBudget:
         if self.rss(fast=True) - self.baseline_rss <= int(self.limit * share):
             return False
         free = heap_free_bytes()
-        if free is not None and free < self.limit // 16:
+        if free is not None and free - free_before < self.limit // 16:
             return False
         release_freed_memory()
         return True
+
+    @staticmethod
+    def heap_free() -> int:
+        """What malloc holds freed now (0 where it does not say): the ``free_before`` of
+        :meth:`trim_if_high` for work about to begin."""
+        return heap_free_bytes() or 0
 
     def relieve(self) -> int:
         """At a safe point (between steps of a loop): spill if RSS went over the limit."""

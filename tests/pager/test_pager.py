@@ -1013,22 +1013,26 @@ def test_heap_free_bytes_counts_what_malloc_keeps_freed():
     (1.1, 1.0, 1.0, True),
     (0.6, 0.5, 0.05, False),   # malloc holds little freed: nothing worth a trim
     (0.6, 0.5, None, True),    # malloc does not say: RSS alone decides
+    (0.9, 0.75, (1.0, 0.97), False),   # what was freed before the work began stays
+    (0.9, 0.75, (1.0, 0.5), True),     # the work itself freed half the budget
 ])
 def test_freed_memory_is_handed_back_only_past_the_share_asked(monkeypatch, over, share,
                                                                free, trims):
     """A trim is faulted back in by the next allocations: a loop that trims as it goes
     (group_by) asks for it only once RSS passes the budget, other callers past half --
-    and only when malloc holds a sixteenth of the budget freed, where it tells."""
+    and only when malloc holds a sixteenth of the budget freed, where it tells, beyond
+    what it held freed when the caller's work began (given as ``(now, before)``)."""
     import arrangedb.pager.budget as budget_mod
 
     calls = []
     monkeypatch.setattr(budget_mod, "release_freed_memory", lambda: calls.append(1))
+    now, before = free if isinstance(free, tuple) else (free, 0)
     monkeypatch.setattr(budget_mod, "heap_free_bytes",
-                        lambda: None if free is None else int((64 << 20) * free))
+                        lambda: None if now is None else int((64 << 20) * now))
     b = MemoryBudget("64MiB")
     try:
         monkeypatch.setattr(b, "rss", lambda fast=False: b.baseline_rss + int(b.limit * over))
-        assert b.trim_if_high(share=share) is trims
+        assert b.trim_if_high(share=share, free_before=int((64 << 20) * before)) is trims
         assert calls == ([1] if trims else [])
     finally:
         b.close()
