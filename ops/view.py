@@ -180,6 +180,7 @@ class View(Trace):
                     if isinstance(t, View):
                         t.refresh()
                 target = max(t.upper() for t in self.inputs)
+                free_before = self.ctx.heap_free()
                 if target > self._upper:
                     for t in self.inputs:
                         t.advance_upper(target)
@@ -193,7 +194,7 @@ class View(Trace):
                     self._hold_history()
                     if self.state is None:
                         self.build_state()
-                    self.ctx.settle()   # what the refresh freed, given back once RSS is high
+                    self.ctx.settle(free_before)   # what the refresh freed, once RSS is high
                     self.refreshes += 1
             finally:
                 self._refreshing = False

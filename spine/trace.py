@@ -207,10 +207,9 @@ class Trace:
 
     def merge_all(self) -> None:
         """Finish every merge: leaves one batch (handy before many reads)."""
-        with self._write_lock:
+        with self._write_lock, self.ctx.settling():
             self._check_open()
             self.spine.merge_all()
-            self.ctx.settle()
 
     # -- handles and compaction --------------------------------------------------------
     def batches(self) -> tuple[Batch, ...]:
@@ -393,14 +392,13 @@ class Appender:
         """Hand the runs to the trace. If this fails, the trace is as it was and the
         appender keeps its runs: ``finish`` may be called again, or ``abort``."""
         t = self.trace
-        with t._write_lock:
+        with t._write_lock, t.ctx.settling():
             t._check_open()
             runs = t.runs.merge_down(self.runs)
             upper = t._tile(runs)
             t.spine.insert_runs(runs)   # on failure: runs stay ours; made outputs are garbage
             t._upper = upper
             self.runs = []
-            t.ctx.settle()
         t.notify_idle()
 
     def abort(self) -> None:

@@ -139,10 +139,10 @@ class RunBuilder:
         nothing is kept)."""
         with self.ctx.working():   # idle merging waits for the sorts
             return self._build(data, time, diff, merge, resident, max_resident, new_writer,
-                               lower)
+                               lower, self.ctx.heap_free())
 
-    def _build(self, data, time, diff, merge, resident, max_resident, new_writer, lower
-               ) -> list[Batch]:
+    def _build(self, data, time, diff, merge, resident, max_resident, new_writer, lower,
+               free_before: int) -> list[Batch]:
         schema, stream = open_batches(   # a plan's batches as large as runs take
             data, batch_rows=max(1 << 16, self.run_bytes() // PLAN_BATCH_ROW_BYTES))
         time = roles.resolve_role(schema, time, roles.TIME, self.columns.time)
@@ -283,7 +283,7 @@ class RunBuilder:
             # sorting left big freed blocks with the allocators; a small run's sort
             # (a view's step, a small insert) leaves little, and a trim costs milliseconds
             # -- and faults the next step's blocks in afresh
-            self.ctx.settle()
+            self.ctx.settle(free_before)
         return runs
 
     def _settle_cost(self) -> int:

@@ -80,15 +80,29 @@ class StorageContext:
         if self.resident is not None:
             self.resident.close()
 
-    def settle(self) -> None:
+    def settle(self, free_before: int = 0) -> None:
         """After a big step (an arrange, a merge): give back what is freed but still
         resident -- pages mapped beside released regions, and the allocators' free
         blocks once RSS is high (:meth:`MemoryBudget.trim_if_high`) -- so that RSS,
-        which the budget watches, shows what is really held."""
+        which the budget watches, shows what is really held. ``free_before``: what the
+        allocators held freed when the step began (:meth:`heap_free`); only what the
+        step freed counts toward a trim (what earlier work left freed is the idle
+        merger's to hand back, once the engine is quiet)."""
         if self.budget is None:
             return
-        self.budget.trim_if_high()
+        self.budget.trim_if_high(free_before=free_before)
         MappedRegions.of(self.budget).sweep()
+
+    def heap_free(self) -> int:
+        """What the allocators hold freed now: a step's ``free_before`` (:meth:`settle`)."""
+        return self.budget.heap_free() if self.budget is not None else 0
+
+    @contextlib.contextmanager
+    def settling(self):
+        """Settle once the step in the block has succeeded, counting what it freed."""
+        free_before = self.heap_free()
+        yield
+        self.settle(free_before)
 
     def reserve(self, nbytes: int, what: str) -> None:
         if self.budget is not None and nbytes > 0:

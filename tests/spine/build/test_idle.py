@@ -65,9 +65,9 @@ def _spy_settles(monkeypatch) -> list[str]:
     settled = []
     real = StorageContext.settle
 
-    def spy(ctx):
+    def spy(ctx, *args):
         settled.append(threading.current_thread().name)
-        return real(ctx)
+        return real(ctx, *args)
     monkeypatch.setattr(StorageContext, "settle", spy)
     return settled
 
