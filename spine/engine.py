@@ -224,9 +224,7 @@ class Engine:
 
     def wait_merged(self, timeout: float | None = None) -> bool:
         """Wait until the idle merger has no merge work left (or ``timeout`` seconds);
-        whether so. Merging goes on without this: it is for measuring a settled engine.
-        The memory the merges freed is handed back later, once the engine has been
-        quiet for a second (:mod:`arrangedb.spine.build.idle`)."""
+        whether so. Merging goes on without this: it is for measuring a settled engine."""
         return self.ctx.idle is None or self.ctx.idle.wait(timeout)
 
     def stats(self) -> dict:

@@ -22,12 +22,6 @@ Rules of the thread:
   most one slice for the lock or shares the machine with one slice.
 - A slice that fails (a full disk, a budget that does not fit) is rolled back like any
   spine change; the trace is left to its inserts' fuel until its next insert.
-- What the merges freed (their inputs' decoded parts and buffers) is handed back to the
-  OS once the engine has been quiet for ``SETTLE_AFTER_SECONDS`` after the last slice,
-  not at once: a step that follows soon (the next insert of a stream, a query) reuses
-  those pages instead of faulting them in afresh, as allocators decay freed memory over
-  a delay. Meanwhile RSS shows them; a reservation that finds RSS over the limit hands
-  them back first (:meth:`MemoryBudget.reserve`), so no peak passes the budget for it.
 
 Which traces want work is the trace's to say (:meth:`Trace.wants_merge`); this module is
 the mechanism.
@@ -40,10 +34,6 @@ import time
 import weakref
 
 QUIET_SECONDS = 0.05
-# The quiet time after merge work before its freed memory is handed back. The two-hop
-# shape's 1% delta step right after the idle merges (bench/_shapes.py): 0.057-0.060 s
-# with the pages kept, 0.074-0.078 s with them trimmed at once (it faulted ~15k pages).
-SETTLE_AFTER_SECONDS = 1.0
 
 
 class IdleMerger:
@@ -60,8 +50,6 @@ class IdleMerger:
         self._stopping = False
         self._stop = threading.Event()   # sleeps between checks end at once on close
         self.slices = 0       # slices of merge work done
-        self._unsettled = False   # merge work done since the last settle
-        self._worked_at = 0.0     # when the last slice ended (monotonic)
         self.failures = 0     # slices that raised (rolled back)
 
     def notify(self, trace) -> None:
@@ -107,10 +95,11 @@ class IdleMerger:
                     continue
                 wanting = [t for t in list(self._traces) if t.wants_merge()]
                 if not wanting:
-                    self._unsettled = self._unsettled or self.slices != worked
+                    if self.slices != worked:
+                        # the merges done freed their inputs' decoded parts and buffers:
+                        # handed back now, while nothing else runs, once RSS is high
+                        self._settle()
                     self._idle.set()
-                    if self._unsettled:
-                        self._settle_when_quiet()
                     break
                 for trace in wanting:
                     if self._stopping or not self._may_work():
@@ -129,26 +118,16 @@ class IdleMerger:
         own = sum(t.spine.merge_held_bytes() for t in list(self._traces))
         return budget.held - own <= budget.limit // 2
 
-    def _settle_when_quiet(self) -> None:
-        """Settle the engine (a trim once RSS is high) when nothing has run for
-        ``SETTLE_AFTER_SECONDS``; give up on new merge work (settled after it) or close."""
-        while not self._stopping and not self._wake.is_set():
-            # the thread's own slices are not what ``busy`` counts: timed apart
-            if (time.monotonic() - self._worked_at >= SETTLE_AFTER_SECONDS
-                    and not self.ctx.busy(SETTLE_AFTER_SECONDS)):
-                self._unsettled = False
-                try:
-                    self.ctx.settle()
-                except Exception:   # noqa: BLE001 - a trim that fails leaves memory as it was
-                    pass
-                return
-            self._stop.wait(min(SETTLE_AFTER_SECONDS, 0.1))
+    def _settle(self) -> None:
+        try:
+            self.ctx.settle()
+        except Exception:   # noqa: BLE001 - a trim that fails leaves memory as it was
+            pass
 
     def _slice(self, trace) -> None:
         try:
             if trace.idle_merge():
                 self.slices += 1
-                self._worked_at = time.monotonic()
         except Exception:   # noqa: BLE001 - rolled back by the spine; the trace stays usable
             self.failures += 1
             self._traces.discard(trace)   # until its next insert asks again

@@ -58,8 +58,10 @@ def test_a_trace_left_alone_settles_into_one_batch_and_reads_the_same(tmp_path):
         assert _snap(trace) == want + _model(more)
 
 
-def _spy_settles(monkeypatch) -> list[str]:
-    """The names of the threads that settle the engine, in order."""
+def test_the_merger_hands_freed_memory_back_once_its_work_is_done(tmp_path, monkeypatch):
+    """Merges free their inputs' decoded parts and buffers: when the last slice is done,
+    the idle thread settles the engine (a trim once RSS is high), before the engine
+    reads as merged; a merger with nothing to do does not."""
     from arrangedb.spine.storage.context import StorageContext
 
     settled = []
@@ -69,56 +71,18 @@ def _spy_settles(monkeypatch) -> list[str]:
         settled.append(threading.current_thread().name)
         return real(ctx, *args)
     monkeypatch.setattr(StorageContext, "settle", spy)
-    return settled
-
-
-def _until(cond, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
-def test_the_merger_hands_freed_memory_back_once_the_engine_is_quiet(tmp_path, monkeypatch):
-    """Merges free their inputs' decoded parts and buffers: once the last slice is done
-    and the engine has been quiet for the settle delay, the idle thread settles it (a
-    trim once RSS is high); a merger with nothing to do does not."""
-    monkeypatch.setattr(idle, "SETTLE_AFTER_SECONDS", 0.2)
-    settled = _spy_settles(monkeypatch)
     rng = np.random.default_rng(4)
     with arrangedb.Engine(spill_dir=tmp_path, memory_budget="16MiB") as engine:
         trace = engine.arrange(_table(rng, 600_000), key=["k"], vals=["v"])
         assert len(trace.batches()) > 1
         settled.clear()   # the build's own
         assert engine.wait_merged(120) and len(trace.batches()) == 1
-        assert _until(lambda: settled == ["arrangedb-idle-merge"]), settled
+        assert settled == ["arrangedb-idle-merge"]
         slices = engine.stats()["idle_merge_slices"]
         trace.insert(_table(rng, 10))   # too small for the merge policy to take up
         assert engine.wait_merged(120)
-        time.sleep(0.6)   # three settle delays: a merger that did nothing settles nothing
         assert engine.stats()["idle_merge_slices"] == slices
         assert settled.count("arrangedb-idle-merge") == 1
-
-
-def test_freed_memory_stays_for_the_steps_that_follow_the_merges(tmp_path, monkeypatch):
-    """The idle thread does not settle while the engine keeps working: the steps after
-    the merges (reads here) reuse the pages the merges freed, where a trim would have
-    them faulted in afresh."""
-    monkeypatch.setattr(idle, "SETTLE_AFTER_SECONDS", 0.5)
-    settled = _spy_settles(monkeypatch)
-    rng = np.random.default_rng(4)
-    with arrangedb.Engine(spill_dir=tmp_path, memory_budget="16MiB") as engine:
-        trace = engine.arrange(_table(rng, 600_000), key=["k"], vals=["v"])
-        settled.clear()
-        assert engine.wait_merged(120) and len(trace.batches()) == 1
-        want = trace.snapshot().read_all()
-        started = time.monotonic()
-        while time.monotonic() - started < 1.5:   # three delays, never quiet for one
-            assert trace.snapshot().read_all().equals(want)
-            assert "arrangedb-idle-merge" not in settled
-        assert _until(lambda: "arrangedb-idle-merge" in settled)   # quiet at last
 
 
 def test_a_merge_holding_parts_is_not_kept_off_by_its_own_reservations(tmp_path):
