@@ -174,7 +174,8 @@ def _run(partials: Partials, batches, engine, batch_rows, first, last):
                 # input cost a third of a 40M-row join, and trimming past half the
                 # budget, a join over 16 runs (a decoded part of each held) spent
                 # ~0.2 of its 1.3 s in faults at 512 MiB, ~0.3 of 1.6 at 128 MiB
-                budget.trim_if_high(share=1.0)
+                if budget.trim_if_high(share=1.0):   # what was freed before went too
+                    start_free = min(start_free, budget.heap_free())
             part = first(chunk)
             if slots is not None:
                 left = slots.add(part)
@@ -204,6 +205,7 @@ def _run(partials: Partials, batches, engine, batch_rows, first, last):
             held_bytes = held[0].nbytes
             account()
             release_freed_memory()
+            start_free = min(start_free, engine.budget.heap_free())
         rest = partials.combine(pa.concat_tables(held)) if held else None
         if slots is not None:   # its groups and those held (null groups) are apart
             rest = slots.table() if rest is None else _joined([slots.table(), rest])

@@ -180,8 +180,8 @@ class View(Trace):
                     if isinstance(t, View):
                         t.refresh()
                 target = max(t.upper() for t in self.inputs)
-                free_before = self.ctx.heap_free()
                 if target > self._upper:
+                    free_before = self.ctx.heap_free()
                     for t in self.inputs:
                         t.advance_upper(target)
                     with self.ctx.working():   # a refresh is work: idle merging waits

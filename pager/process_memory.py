@@ -112,7 +112,8 @@ class _MallInfo2(ctypes.Structure):
 def heap_free_bytes() -> int | None:
     """Bytes glibc's malloc holds freed in its heaps (``mallinfo2().fordblks``: what a
     trim could hand back), or None where that is not known (another libc, an older
-    glibc). Tens of microseconds: it walks the free lists."""
+    glibc). Microseconds: it walks the free lists (2-3 us with 2 GiB freed in 150
+    blocks)."""
     libc = _libc_handle()
     fn = getattr(libc, "mallinfo2", None) if libc else None
     if fn is None:

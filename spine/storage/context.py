@@ -86,8 +86,8 @@ class StorageContext:
         blocks once RSS is high (:meth:`MemoryBudget.trim_if_high`) -- so that RSS,
         which the budget watches, shows what is really held. ``free_before``: what the
         allocators held freed when the step began (:meth:`heap_free`); only what the
-        step freed counts toward a trim (what earlier work left freed is the idle
-        merger's to hand back, once the engine is quiet)."""
+        step freed counts toward a trim (what earlier work left freed is the next
+        steps' to reuse; a reservation that finds RSS over the limit hands it back)."""
         if self.budget is None:
             return
         self.budget.trim_if_high(free_before=free_before)

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 
+import arrangedb
 from arrangedb.spine.storage.context import StorageContext
 from arrangedb.spine.data.ingest import Columns, SchemaError, open_batches, target_schemas
 from arrangedb.spine.data.kernels import consolidate, filter_times
@@ -1015,3 +1016,21 @@ def test_filter_times_of_one_stored_time_matches_the_mask(since, upto, time, one
     keep = since <= time and (upto is None or time < upto)
     assert len(got) == (n if keep else 0)
     assert got.keys["k"].to_pylist() == (list(range(n)) if keep else [])
+
+
+def test_a_step_settles_counting_what_it_freed_and_not_when_it_fails(tmp_path, monkeypatch):
+    """``StorageContext.settling()``: what malloc held freed as the step began reaches
+    the trim as ``free_before`` (what earlier work left freed is not the step's to hand
+    back); a step that raises settles nothing."""
+    with arrangedb.Engine(spill_dir=tmp_path, memory_budget="64MiB", idle_merge=False) as e:
+        ctx, asked = e.ctx, []
+        monkeypatch.setattr(ctx.budget, "heap_free", lambda: 12345)
+        monkeypatch.setattr(ctx.budget, "trim_if_high",
+                            lambda share=0.5, free_before=0: asked.append(free_before))
+        with ctx.settling():
+            monkeypatch.setattr(ctx.budget, "heap_free", lambda: 99999)   # freed meanwhile
+        assert asked == [12345]
+        with pytest.raises(RuntimeError):
+            with ctx.settling():
+                raise RuntimeError("the step failed")
+        assert asked == [12345]

@@ -67,9 +67,9 @@ def test_the_merger_hands_freed_memory_back_once_its_work_is_done(tmp_path, monk
     settled = []
     real = StorageContext.settle
 
-    def spy(ctx, *args):
+    def spy(ctx, *args, **kwargs):
         settled.append(threading.current_thread().name)
-        return real(ctx, *args)
+        return real(ctx, *args, **kwargs)
     monkeypatch.setattr(StorageContext, "settle", spy)
     rng = np.random.default_rng(4)
     with arrangedb.Engine(spill_dir=tmp_path, memory_budget="16MiB") as engine:
