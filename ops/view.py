@@ -181,20 +181,20 @@ class View(Trace):
                         t.refresh()
                 target = max(t.upper() for t in self.inputs)
                 if target > self._upper:
-                    free_before = self.ctx.heap_free()
-                    for t in self.inputs:
-                        t.advance_upper(target)
-                    with self.ctx.working():   # a refresh is work: idle merging waits
-                        try:
-                            self._apply(self._upper, target)
-                        except BaseException:   # the state may be ahead of the view
-                            self._drop_state()
-                            raise
-                    Trace.advance_upper(self, target)
-                    self._hold_history()
-                    if self.state is None:
-                        self.build_state()
-                    self.ctx.settle(free_before)   # what the refresh freed, once RSS is high
+                    # what the refresh freed, handed back once RSS is high
+                    with self.ctx.settling():
+                        for t in self.inputs:
+                            t.advance_upper(target)
+                        with self.ctx.working():   # a refresh is work: idle merging waits
+                            try:
+                                self._apply(self._upper, target)
+                            except BaseException:   # the state may be ahead of the view
+                                self._drop_state()
+                                raise
+                        Trace.advance_upper(self, target)
+                        self._hold_history()
+                        if self.state is None:
+                            self.build_state()
                     self.refreshes += 1
             finally:
                 self._refreshing = False
