@@ -50,11 +50,11 @@ class Node:
                                    f"table, a trace or a plan to consume it again")
             reader, self.first = self.first, None
             return reader
-        if batch_rows is not None and self._may_size_batches():
+        if batch_rows is not None and self.leaves_batch_rows():
             return self.fn(*self.args, **self.kwargs, batch_rows=batch_rows)
         return self.fn(*self.args, **self.kwargs)
 
-    def _may_size_batches(self) -> bool:
+    def leaves_batch_rows(self) -> bool:
         """Whether the operator takes ``batch_rows`` and was given none (by name or by
         position)."""
         at = _batch_rows_position(self.fn)

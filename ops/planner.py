@@ -50,9 +50,12 @@ def params(node: Node) -> dict:
 
 
 def _rebuilt(node: Node, notes: list[str], **changes) -> Node:
-    """``node``'s operator applied to changed arguments (by name), all as keywords."""
-    return dataclasses.replace(node, args=(), kwargs={**params(node), **changes},
-                               notes=notes, first=None)
+    """``node``'s operator applied to changed arguments (by name), all as keywords. A
+    ``batch_rows`` the plan did not give stays ungiven: the consumer sizes the batches."""
+    kwargs = {**params(node), **changes}
+    if node.leaves_batch_rows():
+        del kwargs["batch_rows"]
+    return dataclasses.replace(node, args=(), kwargs=kwargs, notes=notes, first=None)
 
 
 def _joined(node: Node):
@@ -86,7 +89,9 @@ def eager_aggregation(node: Node) -> Node | None:
     a = _trace_name((left, right)[side])
     summed = ", ".join(f"{fn}({col or '*'})" for fn, col in aggs.values())
     shape = f"{summed} read only {a}, and the groups [{', '.join(by)}] do not"
-    common = dict(engine=g["engine"], batch_rows=g["batch_rows"])
+    common = dict(engine=g["engine"])
+    if not node.leaves_batch_rows():
+        common["batch_rows"] = g["batch_rows"]
     if changes:
         note = (f"eager aggregation of changes: {shape}: where only {a} changed, its "
                 f"changes are summed per key below the join and meet the other side's "
@@ -156,8 +161,9 @@ def _cast(arr: pa.Array, t: pa.DataType) -> pa.Array:
     return arr.cast(t)
 
 
-def _conform_reader(plan: Plan, schema: pa.Schema) -> pa.RecordBatchReader:
-    reader = plan.to_reader()
+def _conform_reader(plan: Plan, schema: pa.Schema, batch_rows: int | None = None
+                    ) -> pa.RecordBatchReader:
+    reader = plan.to_reader(batch_rows)
     names = schema.names
 
     def gen():

@@ -260,6 +260,26 @@ def test_a_plan_is_read_in_the_batches_its_consumer_asks_for_unless_it_gave_its_
         assert dict(zip(zip(got["r"], got["v"]), got["count"])) == counts
 
 
+def test_a_rewritten_plan_is_read_in_the_batches_its_consumer_asks_for():
+    """The planner's rewrites (eager aggregation, dictionary codes and the cast back to
+    the written types) leave the batch size to the consumer as the written plan did."""
+    n = 3000
+    with adb.Engine(memory_budget="64MiB") as engine:
+        F = engine.arrange(pa.table({"k": np.arange(n), "v": np.arange(n) % 7}), key=["k"],
+                           vals=["v"])
+        D = engine.arrange(pa.table({"k": np.arange(n), "r": np.arange(n),
+                                     "s": [f"s{i}" for i in range(n)]}),
+                           key=["k"], vals=["r", "s"])
+        for by, aggs, rule in (("r", {"n": ("count", None), "t": ("sum", "v")}, "eager"),
+                               ("s", {"n": ("count", None), "t": ("sum", "v")}, "eager"),
+                               ("s", {"n": ("count", None), "t": ("max", "v")}, "dictionary")):
+            plan = adb.group_by(adb.join(F, D), by=by, aggs=aggs)
+            assert f"- {rule}" in plan.explain()
+            assert [b.num_rows for b in plan.to_reader(batch_rows=1000)] == [1000] * 3
+            given = adb.group_by(adb.join(F, D), by=by, aggs=aggs, batch_rows=500)
+            assert {b.num_rows for b in given.to_reader(batch_rows=1000)} == {500}
+
+
 def test_a_plan_over_a_one_shot_stream_runs_once_and_then_says_why_not():
     t = pa.table({"g": ["a", "b", "a"], "x": [1, 2, 3]})
     with adb.Engine(memory_budget="64MiB"):
