@@ -39,6 +39,8 @@ from arrangedb.pager import ManifestError, disk
 MANIFEST = "_arrangedb_dataset.json"
 LOCK = "_arrangedb_dataset.lock"
 FORMAT = 2
+_REQUIRED = ("format", "key", "vals", "num_partitions", "schema", "version", "since",
+             "batch_ids", "commits")   # what every manifest of this format holds
 
 
 def part_dir(pid: int) -> str:
@@ -76,15 +78,25 @@ def read_manifest(path: str) -> dict:
         m = json.loads(raw)
     except ValueError as e:
         raise ManifestError(f"{mpath!r} is damaged: not JSON ({e})") from None
-    if "commits" not in m:   # written before datasets had times: one base at time 0
-        n = m["num_partitions"]
+    if not isinstance(m, dict):
+        raise ManifestError(f"{mpath!r} is damaged: not a JSON object")
+    if "checksum" not in m and "format" not in m:
+        # written before datasets had times (and checksums): one base at time 0
+        n = m.get("num_partitions")
+        if not isinstance(n, int) or "commits" in m:
+            raise ManifestError(f"{mpath!r} is damaged: it has no checksum, and is not a "
+                                f"manifest of the first format either")
         m.update(format=FORMAT, version=1, since=0, unique=False, batch_ids={},
                  commits=[{"lower": 0, "upper": 1, "times": [0], "batch_id": None, "version": 1,
                            "updates": m.get("updates", 0),
                            "parts": {str(p): part_dir(p) for p in range(n)}}])
         return m
+    # checked whatever the rest holds: a damaged key name must not pass for another format
     if m.get("checksum") != _checksum(m):
         raise ManifestError(f"{mpath!r} is damaged: its checksum does not match its contents")
+    missing = [k for k in _REQUIRED if k not in m]
+    if missing:
+        raise ManifestError(f"{mpath!r} is damaged: it lacks {', '.join(missing)}")
     return m
 
 
