@@ -72,6 +72,9 @@ class DiskIO:
     def unlink(self, path: str) -> None:
         os.unlink(path)
 
+    def mkdir(self, path: str, mode: int = 0o777) -> None:
+        os.mkdir(path, mode)
+
     def copy_range(self, src_fd: int, dst_fd: int, count: int, offset: int) -> int:
         """Copy bytes between files in the kernel (a reflink where the file system can):
         none of them pass through this process's memory."""
@@ -103,6 +106,27 @@ class DiskIO:
             os.close(fd)
 
     # -- composed from the operations above ----------------------------------------------
+    def make_dirs(self, path: str) -> None:
+        """Create the directory ``path`` and its missing parents, each one's entry made
+        durable in its parent (fsync'd) as it is made; ``path``'s entry is fsync'd even
+        when it was there already (made just before, unsynced). Files made durable in
+        ``path`` then survive power loss with it: ``os.makedirs`` fsyncs nothing."""
+        path = os.path.abspath(path)
+        missing, level = [], path
+        while not os.path.isdir(level):
+            missing.append(level)
+            if os.path.dirname(level) == level:
+                break
+            level = os.path.dirname(level)
+        for d in reversed(missing) if missing else [path]:
+            if d in missing:
+                try:
+                    self.mkdir(d)
+                except FileExistsError:   # made meanwhile by another writer: fine
+                    if not os.path.isdir(d):
+                        raise
+            self.fsync_dir(os.path.dirname(d))
+
     def write_all(self, fd: int, data, offset: int) -> None:
         view = memoryview(data).cast("B")
         while len(view):

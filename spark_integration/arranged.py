@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from arrangedb.pager import disk
 from arrangedb.spark_integration import config, dataset, parquet_source
 from arrangedb.spark_integration.dataset import Layout
 from arrangedb.spark_integration.dataset_tasks import REPORT, WriteSpec
@@ -270,7 +271,7 @@ def arrange_parquet(spark, paths, key, vals=None, path=None,
 def _new_dataset(path, keys, vals, n, schema, unique):
     if os.path.exists(os.path.join(path, dataset.MANIFEST)):
         raise FileExistsError(f"{path!r} already holds an arranged dataset")
-    os.makedirs(path, exist_ok=True)
+    disk().make_dirs(path)   # durable: the manifest's directory must outlive power loss
     with open(os.path.join(path, dataset.LOCK), "a"):
         pass
     ds = ArrangedDataset(path, keys, vals, n, schema, bool(unique))

@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import pyarrow as pa
 
+from arrangedb.pager import disk
 from arrangedb.spark_integration import dataset
 from arrangedb.spark_integration.dataset import Layout
 from arrangedb.spark_integration.view_tasks import (INLINE_ROWS, ROUTE, VIEW_REPORT, ViewSpec,
@@ -34,6 +35,8 @@ def dependent_views(path: str) -> list[str]:
     folder = os.path.join(path, DEPENDENTS)
     out = []
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        if name.endswith(".tmp"):   # a registration cut short: its view registers again
+            continue
         with open(os.path.join(folder, name)) as f:
             view = f.read().strip()
         if os.path.exists(os.path.join(view, dataset.MANIFEST)):
@@ -43,12 +46,17 @@ def dependent_views(path: str) -> list[str]:
 
 def _register(path: str, inputs) -> None:
     """Name the view in each input's ``_dependents`` (one small file each, written before
-    the view's first commit: an input's writer may find a view with no state yet)."""
+    the view's first commit: an input's writer may find a view with no state yet),
+    durably: written whole under a temporary name, fsync'd, renamed, the folder fsync'd."""
     for ds in inputs:
         folder = os.path.join(ds.path, DEPENDENTS)
-        os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, os.path.basename(path)), "w") as f:
-            f.write(path)
+        disk().make_dirs(folder)
+        target = os.path.join(folder, os.path.basename(path))
+        tmp = f"{target}.{os.getpid()}.tmp"
+        disk().unlink_quietly(tmp)
+        disk().write_file(tmp, path.encode())
+        disk().rename(tmp, target)
+        disk().fsync_dir(folder)
 
 
 def reduce_changes(spark, left, right, jspec, by, aggs, out_schema, since, upto, cfg,
@@ -69,7 +77,7 @@ def reduce_changes(spark, left, right, jspec, by, aggs, out_schema, since, upto,
     defn = definition(left, right, jspec.keys, by, aggs, jspec.out_schema, out_schema)
     spec = view_spec(defn, path, cfg, metrics)
     if not os.path.exists(os.path.join(path, dataset.MANIFEST)):
-        os.makedirs(path, exist_ok=True)
+        disk().make_dirs(path)
         dataset.write_manifest(path, dataset.new_manifest(
             spec.key_schema.names, spec.val_schema.names, left.num_partitions,
             pa.schema(list(spec.key_schema) + list(spec.val_schema)), True,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 
 from arrangedb.pager import BudgetExceeded, MemoryBudget
 from arrangedb.pager.diskio import DiskIO, using
@@ -82,6 +83,10 @@ class Faults(DiskIO):
         self._point("rename")
         super().rename(src, dst)
 
+    def mkdir(self, path, mode=0o777):
+        self._point("mkdir")
+        super().mkdir(path, mode)
+
     def mmap(self, fd, length):
         self._point("mmap")
         return super().mmap(fd, length)
@@ -110,14 +115,19 @@ class PowerLoss(DiskIO):
 
     Until the cut it works and remembers what is durable: a file's contents as of its
     last fsync, and directory entries (files created, renames) as of their directory's
-    last fsync. At the cut, and for every operation after it (the process is gone:
+    last fsync. ``watch``: a folder whose new subdirectories, made by anything (this
+    disk's ``mkdir`` or ``os.makedirs``), are judged too -- one whose entry its parent
+    never fsync'd after it was made is lost with what it holds. At the cut, and for every operation after it (the process is gone:
     no cleanup code reaches the disk), it raises :class:`PowerCut`. :meth:`restore`
     then puts the disk in the state a machine finds after power comes back: every
     write and every directory change that was not made durable is undone.
     """
 
-    def __init__(self, cut_at: int | None = None):
+    def __init__(self, cut_at: int | None = None, watch=None):
         self.cut_at = cut_at
+        self.watch = None if watch is None else os.path.abspath(watch)
+        self._dirs_before = set(self._dirs()) if watch is not None else set()
+        self._durable_dirs: set[str] = set()
         self.ops = 0
         self.dead = False
         self._paths: dict[int, str] = {}     # fd open for writing -> path
@@ -166,9 +176,16 @@ class PowerLoss(DiskIO):
         with open(path, "rb") as f:
             self._synced[path] = f.read()
 
+    def _dirs(self):
+        for root, dirs, _ in os.walk(self.watch):
+            for d in dirs:
+                yield os.path.join(root, d)
+
     def fsync_dir(self, path):
         self._tick("fsync_dir")
         path = os.path.abspath(path)
+        if self.watch is not None and os.path.isdir(path):
+            self._durable_dirs |= {e.path for e in os.scandir(path) if e.is_dir()}
         self._undo = [u for u in self._undo if os.path.dirname(os.path.abspath(u[1])) != path]
 
     def close(self, fd):
@@ -189,6 +206,10 @@ class PowerLoss(DiskIO):
     def unlink(self, path):
         self._tick("unlink")
         super().unlink(path)
+
+    def mkdir(self, path, mode=0o777):
+        self._tick("mkdir")
+        super().mkdir(path, mode)
 
     def mmap(self, fd, length):
         self._tick("mmap")
@@ -216,3 +237,7 @@ class PowerLoss(DiskIO):
             if os.path.exists(path):
                 with open(path, "wb") as f:
                     f.write(self._synced.get(path, b""))
+        if self.watch is not None:   # new directories never made durable: gone, whole
+            for d in sorted(self._dirs()):
+                if d not in self._dirs_before and d not in self._durable_dirs:
+                    shutil.rmtree(d, ignore_errors=True)

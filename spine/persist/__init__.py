@@ -21,11 +21,12 @@ lease on them (:mod:`arrangedb.pager.leases`) while the trace is open.
 
 Invariants
 ----------
-- Order of writes: page files, each fsync'd; the directory fsync'd; the manifest under
-  a temporary name, fsync'd, renamed, the directory fsync'd. A version exists once its
-  manifest does; a crash at any instant leaves the last completed version (or the new
-  one, if its rename reached the disk), never a mix. Leftovers are removed by the next
-  writer (temporary files, and files no manifest names).
+- Order of writes: the directory's own entry (and its parents', where a first
+  checkpoint makes them) fsync'd; page files, each fsync'd; the directory fsync'd; the
+  manifest under a temporary name, fsync'd, renamed, the directory fsync'd. A version
+  exists once its manifest does; a crash at any instant leaves the last completed
+  version (or the new one, if its rename reached the disk), never a mix. Leftovers are
+  removed by the next writer (temporary files, and files no manifest names).
 - One writer per directory (:class:`arrangedb.pager.dirlock.DirectoryLock`): a trace
   holds the writer role from its first checkpoint into a directory until it is closed.
   A trace checkpoints only on top of the version it was loaded from or last wrote; a

@@ -181,7 +181,10 @@ def checkpoint(trace, path, retain: int = 10, release_writer: bool = False) -> i
     if os.path.exists(os.path.join(path, LEGACY_MANIFEST)):
         raise CheckpointConflict(f"{path!r} holds a trace saved by an older arrangedb "
                                  f"(manifest.json): load it and checkpoint elsewhere")
-    os.makedirs(path, exist_ok=True)
+    if not same or not os.path.isdir(path):
+        # its entry made durable too (each level made): a version reported written must
+        # not vanish with a directory entry power loss took back
+        disk().make_dirs(path)
     held = same and state.lock is not None
     lock = state.lock if held else DirectoryLock(path)
     if not held:

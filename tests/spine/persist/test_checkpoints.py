@@ -702,6 +702,39 @@ def test_a_checkpoint_cut_by_power_loss_leaves_version_1_or_2(tmp_path, staged, 
     assert seen[1] and seen[2], f"versions after the cuts: {dict(seen)}"
 
 
+@pytest.mark.parametrize("how", ["checkpoint", "save"])
+def test_a_first_version_in_new_directories_survives_power_loss_once_reported(tmp_path, how):
+    """The directories a first checkpoint (or save) makes are durable entries of their
+    parents before it returns: power lost right after it, or at any step of it, leaves
+    version 1 whole or nothing -- never a version reported written and then gone."""
+    table = _int_table(np.arange(500))
+    counter = PowerLoss()
+    with arrangedb.Engine(spill_dir=tmp_path / "spill", memory_budget="64MiB") as e:
+        trace = e.arrange(table, key=["k"], vals=["v"], diff="d")
+        for k in itertools.count(1):
+            path = tmp_path / f"cut{k}" / "a" / "b" / "ck"
+            disk = PowerLoss(cut_at=k, watch=tmp_path)
+            reported = False
+            try:
+                with using(disk):
+                    if how == "save":
+                        trace.save(path)
+                    else:
+                        reported = trace.checkpoint(path) == 1
+                        trace._checkpoint.close()   # the process is gone: its lock too
+                        trace._checkpoint = None
+                    reported = True
+            except OSError as cut:
+                assert injected(cut), f"power lost at operation {k}: {cut!r}"
+            disk.restore()
+            if reported:
+                assert _snap(e.load(path)) == _model_of(table), "a reported version is gone"
+                break
+            assert not os.path.exists(path) or not _version_numbers(path), \
+                f"power lost at operation {k}: a version nobody was told of"
+    assert k > 5, k
+
+
 # -- 4. a directory written by format 3 --------------------------------------------------
 
 def write_compat_data(dst: str, expected: str) -> None:
