@@ -30,6 +30,21 @@ _MANIFEST = re.compile(r"^manifest-(\d{6,})\.json$")
 PAGE_SUFFIX = ".page"
 
 
+# the names a checkpoint gives its files: nothing else in a directory is ever removed
+_PAGE_FILE = re.compile(r"^batch-[0-9a-f]+-i?\d+\.page$")
+_TEMPORARY = re.compile(r"^(batch-[0-9a-f]+-i?\d+\.page|manifest-\d{6,}\.json\.[0-9a-f]+)\.tmp$")
+
+
+def is_page_file(name: str) -> bool:
+    """Whether ``name`` is a page file a checkpoint (or a staged insert) writes."""
+    return _PAGE_FILE.match(name) is not None
+
+
+def is_temporary(name: str) -> bool:
+    """Whether ``name`` is a checkpoint's file before its rename (a killed writer's)."""
+    return _TEMPORARY.match(name) is not None
+
+
 class CheckpointConflict(RuntimeError):
     """The directory holds a history this trace does not continue (a fork, another
     schema), or versions where a first save was asked."""

@@ -12,6 +12,7 @@ and the writer's own trace does not read it. See :mod:`arrangedb.spine.persist`.
 from __future__ import annotations
 
 import datetime
+import errno
 import os
 import secrets
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from arrangedb.spine.data.description import Description
 from arrangedb.spine.storage.encode import write_part
 from arrangedb.spine.persist.manifest import (CheckpointConflict, FORMAT, FORMAT_VERSION,
                                               LEGACY_MANIFEST, PAGE_SUFFIX, encode_entry,
-                                              encode_manifest,
+                                              encode_manifest, is_page_file, is_temporary,
                                               list_versions, manifest_name, read_manifest,
                                               schema_b64, schemas, schemas_of, table_b64)
 
@@ -97,7 +98,7 @@ class CheckpointState:
     held: list = field(default_factory=list)       # leases on directories left behind
     entry_json: dict = field(default_factory=dict)  # file -> its entry, encoded
     staged: int = 0   # page files inserts wrote into ``path`` (:meth:`stage_writer`)
-    token: str = field(default_factory=lambda: secrets.token_hex(4))
+    token: str = field(default_factory=lambda: _new_token())
 
     def stage_writer(self) -> PageWriter:
         """A page writer for a run an insert writes while this trace is the directory's
@@ -126,6 +127,12 @@ class CheckpointState:
         if self.lock is not None:
             self.lock.release()
             self.lock = None
+
+
+def _new_token() -> str:
+    """The random part of a writer's file names: 64 bits, so that no two writers of a
+    directory ever pick the same names."""
+    return secrets.token_hex(8)
 
 
 def identity(path: str) -> tuple:
@@ -242,7 +249,7 @@ def _write_version(trace, path: str, state: CheckpointState | None, retain: int
     io = disk()
     _remove_temporaries(path)
     batches = trace.batches()
-    token = secrets.token_hex(4)
+    token = _new_token()
     written, entries, marks, new_bytes = [], [], [], 0
     try:
         for i, batch in enumerate(batches):
@@ -258,13 +265,16 @@ def _write_version(trace, path: str, state: CheckpointState | None, retain: int
             else:
                 name = f"batch-{token}-{i:05d}{PAGE_SUFFIX}"
                 target = os.path.join(path, name)
-                written.append(target)
+                if os.path.lexists(target):   # never over, nor (failing) removing, a file
+                    raise FileExistsError(errno.EEXIST, "a checkpoint's new page file "
+                                          "exists already", target)
                 if pf is not None:   # its spill file, copied in the kernel
                     size = io.copy_file(pf.path, target)
                     entry = _entry(batch.parts, pf.directory_crc, batch.description, name,
                                    pf.size)
                 else:   # held in memory (a resident insert): encoded into the directory
                     entry, size = _write_resident(batch, target, trace.ctx.codec)
+                written.append(target)   # made whole by this checkpoint: removed on failure
             entry["written"] = size
             new_bytes += size
             entries.append(entry)
@@ -312,9 +322,10 @@ def _write_version(trace, path: str, state: CheckpointState | None, retain: int
 
 
 def _remove_temporaries(path: str) -> None:
-    """Temporary files of a checkpoint that died before its rename."""
+    """Temporary files of a checkpoint that died before its rename (by their names: a
+    directory may hold other files, which are never touched)."""
     for name in os.listdir(path):
-        if name.endswith(".tmp"):
+        if is_temporary(name):
             disk().unlink_quietly(os.path.join(path, name))
 
 
@@ -344,7 +355,7 @@ def _retain(path: str, newest: int, retain: int, state: CheckpointState | None,
     for v in [v for v in known if v not in kept]:
         del known[v]
     for name in os.listdir(path):
-        if name.endswith(PAGE_SUFFIX) and name not in needed:
+        if is_page_file(name) and name not in needed:
             io.unlink_quietly(os.path.join(path, name))
             removed = True
     if removed:

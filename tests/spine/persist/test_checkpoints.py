@@ -1060,6 +1060,48 @@ def test_a_checkpoint_into_an_unusable_directory_says_so(tmp_path):
         assert _snap(engine.load(tmp_path / "ck")) == model
 
 
+def test_a_checkpoint_into_a_folder_of_other_files_touches_none_of_them(tmp_path):
+    """Files a checkpoint did not name itself -- even ``*.page`` and ``*.tmp`` ones --
+    are neither removed as a killed writer's temporaries nor collected by retention."""
+    work = tmp_path / "work"
+    work.mkdir()
+    theirs = {"report.page": "user data", "draft.tmp": "user data", "data.csv": "x",
+              "manifest.json.tmp": "user data", "batch-final.page": "user data"}
+    for name, text in theirs.items():
+        (work / name).write_text(text)
+    with arrangedb.Engine(spill_dir=tmp_path / "spill", memory_budget="64MiB") as e:
+        trace = e.arrange(_int_table(np.arange(1000)), key=["k"], vals=["v"], diff="d")
+        assert trace.checkpoint(work, retain=1) == 1
+        trace.insert(_int_table(np.arange(900), d=-1), diff="d")
+        trace.merge_all()
+        assert trace.checkpoint(retain=1) == 2   # retention drops version 1's files
+        model = _snap(trace)
+    assert {n: (work / n).read_text() for n in theirs} == theirs
+    with arrangedb.Engine(spill_dir=tmp_path / "spill", memory_budget="64MiB") as e:
+        assert _snap(e.load(work)) == model
+
+
+def test_a_page_file_name_taken_already_fails_the_checkpoint_and_keeps_the_file(
+        tmp_path, monkeypatch):
+    """Were a new page file's name taken (a repeated random token), the checkpoint fails
+    without writing over, or removing, the file there, which an older version names."""
+    import arrangedb.spine.persist.write as write_module
+
+    monkeypatch.setattr(write_module, "_new_token", lambda: "0123456789abcdef")
+    ck = tmp_path / "ck"
+    with arrangedb.Engine(spill_dir=tmp_path / "spill", memory_budget="64MiB") as e:
+        trace = e.arrange(_int_table(np.arange(20000)), key=["k"], vals=["v"], diff="d")
+        assert trace.checkpoint(ck, retain=5) == 1
+        v1 = _snap(trace)
+        trace.insert(_int_table(np.arange(19000), d=-1), diff="d")
+        trace.merge_all()   # one batch again: written under version 1's file name
+        with pytest.raises(FileExistsError, match="exists already"):
+            trace.checkpoint(retain=5)
+        assert _version_numbers(ck) == [1]
+    with arrangedb.Engine(spill_dir=tmp_path / "spill", memory_budget="64MiB") as e:
+        assert _snap(e.load(ck, version=1)) == v1
+
+
 def test_checkpoint_arguments_and_save(tmp_path):
     spill = tmp_path / "spill"
     spill.mkdir()
