@@ -72,8 +72,9 @@ def _write_resident(batch: Batch, target: str, codec: str) -> tuple[dict, int]:
 def _staged_in(batch: Batch, path: str) -> bool:
     """Whether ``batch``'s page file is in the directory ``path`` already (an insert
     staged it there: :meth:`CheckpointState.stage_writer`), so that a checkpoint names
-    it where it is."""
-    return batch.pagefile is not None and os.path.dirname(batch.pagefile.path) == path
+    it where it is. Not one whose fsync failed: it is copied to a new file instead."""
+    return (batch.pagefile is not None and os.path.dirname(batch.pagefile.path) == path
+            and not batch.pagefile.sync_failed)
 
 
 def updates_in(entries: list[dict]) -> int:
@@ -258,7 +259,11 @@ def _write_version(trace, path: str, state: CheckpointState | None, retain: int
                 continue
             pf = batch.pagefile
             if _staged_in(batch, path):   # by an insert: made durable where it is
-                io.fsync_path(pf.path)
+                try:
+                    io.fsync_path(pf.path)
+                except OSError:
+                    pf.sync_failed = True   # never trusted to a manifest: copied next time
+                    raise
                 entry = _entry(batch.parts, pf.directory_crc, batch.description,
                                os.path.basename(pf.path), pf.size)
                 size = pf.data_bytes

@@ -1204,6 +1204,40 @@ def test_a_writers_large_insert_is_staged_in_its_directory_and_named_by_the_next
             small, _as_dict(engine.load(ck, version=1).snapshot().read_all())))
 
 
+def test_a_staged_file_whose_fsync_failed_is_copied_not_trusted_on_retry(tmp_path):
+    """Linux reports a failed write-back once: a second fsync of the same file succeeds
+    whatever reached the disk. A staged insert whose fsync failed is written to a new,
+    fsync'd file by the retried checkpoint, never named as it is."""
+    from arrangedb.pager.diskio import DiskIO
+
+    class StagedWriteBackFails(DiskIO):
+        failed = False
+
+        def fsync_path(self, path):
+            if re.search(r"-i\d+\.page$", path) and not self.failed:
+                self.failed = True
+                raise OSError(errno.EIO, "injected: the staged file's write-back failed")
+            super().fsync_path(path)
+
+    ck = tmp_path / "ck"
+    n = trace_module.DURABLE_RESIDENT_UPDATES
+    with arrangedb.Engine(spill_dir=tmp_path / "spill", memory_budget="64MiB") as engine:
+        trace = engine.arrange(_int_table(np.arange(1000)), key=["k"], vals=["v"], diff="d")
+        assert trace.checkpoint(ck) == 1
+        trace.insert(_int_table(np.arange(10**6, 10**6 + 2 * n)), diff="d")
+        staged = {f for f in _page_files(ck) if re.search(r"-i\d+\.page$", f)}
+        assert len(staged) == 1
+        model = _snap(trace)
+        disk_io = StagedWriteBackFails()
+        with using(disk_io):
+            with pytest.raises(OSError, match="write-back failed"):
+                trace.checkpoint()
+            assert trace.checkpoint() == 2
+        assert disk_io.failed and not staged & _named(ck, 2)
+    with arrangedb.Engine(spill_dir=tmp_path / "spill", memory_budget="64MiB") as engine:
+        assert _snap(engine.load(ck)) == model
+
+
 _STAGE_AND_DIE = textwrap.dedent("""
     import os, signal, sys
     import numpy as np, pyarrow as pa
