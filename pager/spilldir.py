@@ -4,15 +4,19 @@ The root is the argument, else ``$ARRANGEDB_SPILL_DIR``, else the system temp di
 missing root is created with its parents (0700), as DuckDB's ``temp_directory`` and
 Spark's ``spark.local.dir`` are; one that is a file or cannot be written fails when the
 engine starts, not at the first spill. Each engine gets ``<root>/arrangedb-<pid>-<random>`` (0700, files 0600) with
-an ``owner`` file holding the process id and its start time; at the next start, any
-directory whose owner is dead (or whose pid was reused by a process started at another
-time) is removed. Two engines in one or two processes never share a directory.
+an ``owner`` file holding the process id and its start time, which the engine holds
+``flock``'d while it lives. At the next start, a directory is removed when its owner
+file's lock is free and its pid is dead (or was reused by a process started at another
+time). The lock is what keeps a live engine's directory when the pid cannot tell: an
+engine in another PID namespace (a container sharing the spill root) has a pid that
+means nothing here. Two engines in one or two processes never share a directory.
 """
 
 from __future__ import annotations
 
 import atexit
 import errno
+import fcntl
 import itertools
 import os
 import secrets
@@ -68,16 +72,42 @@ def remove_stale(root: str) -> list[str]:
         try:
             if not entry.is_dir(follow_symlinks=False) or entry.stat().st_uid != uid:
                 continue
-            with open(os.path.join(entry.path, OWNER_FILE)) as f:
-                pid_text, started_text = f.read().split()
-            pid, started = int(pid_text), float(started_text)
-        except (OSError, ValueError):
+            fd = os.open(os.path.join(entry.path, OWNER_FILE), os.O_RDONLY)
+        except OSError:
             continue   # not ours to judge (half-created, foreign, or racing its owner)
-        alive = _start_time(pid)
-        if alive is None or abs(alive - started) > 1.0:
-            shutil.rmtree(entry.path, ignore_errors=True)
-            removed.append(entry.path)
+        try:
+            if _dead(fd):
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed.append(entry.path)
+        finally:
+            os.close(fd)
     return removed
+
+
+def _dead(owner_fd: int) -> bool:
+    """Whether the owner of a spill directory is gone: its lock free, and its pid dead
+    or reused (a directory made by an arrangedb that took no lock is judged by pid)."""
+    try:
+        fcntl.flock(owner_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False   # held: the owner lives, in whatever PID namespace
+    try:
+        pid_text, started_text = os.read(owner_fd, 256).decode().split()
+        pid, started = int(pid_text), float(started_text)
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False   # being written by its owner, or not ours
+    alive = _start_time(pid)
+    return alive is None or abs(alive - started) > 1.0
+
+
+def _close_and_remove(path: str, owner_fd: int) -> None:
+    """Remove the directory, then let its lock go."""
+    shutil.rmtree(path, ignore_errors=True)
+    if owner_fd >= 0:
+        try:
+            os.close(owner_fd)
+        except OSError:
+            pass
 
 
 class SpillDirectory:
@@ -102,21 +132,22 @@ class SpillDirectory:
         remove_stale(self.root)
         pid = os.getpid()
         path = os.path.join(self.root, f"{PREFIX}{pid}-{secrets.token_hex(4)}")
+        fd = -1
         try:
             os.mkdir(path, 0o700)
             fd = os.open(os.path.join(path, OWNER_FILE), os.O_WRONLY | os.O_CREAT | os.O_EXCL,
                          0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(f"{pid} {_start_time(pid) or 0.0}\n")
+            fcntl.flock(fd, fcntl.LOCK_EX)   # held while the engine lives (module notes)
+            os.write(fd, f"{pid} {_start_time(pid) or 0.0}\n".encode())
         except OSError as e:
-            shutil.rmtree(path, ignore_errors=True)
+            _close_and_remove(path, fd)
             raise SpillError(e.errno, f"cannot create a spill directory under {self.root!r}: "
                                       f"{e.strerror}") from e
         self.path = path
         self.bytes_written = 0
         self._names = itertools.count()
         self._closed = False
-        self._finalizer = weakref.finalize(self, shutil.rmtree, path, True)
+        self._finalizer = weakref.finalize(self, _close_and_remove, path, fd)
         atexit.register(self._finalizer)
 
     def new_path(self, hint: str = "batch") -> str:

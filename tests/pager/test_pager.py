@@ -809,6 +809,24 @@ def test_directory_of_a_live_process_is_kept(spill_root):
     assert not os.path.exists(theirs)            # a clean exit removes its own
 
 
+def test_directory_of_a_live_process_whose_pid_means_nothing_here_is_kept(spill_root):
+    """An engine in another PID namespace (a container sharing the spill root) writes a
+    pid that is dead, or another process, here: its held lock keeps its directory."""
+    child = subprocess.Popen([sys.executable, "-c", LIVE_CHILD, str(spill_root)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        theirs = child.stdout.readline().strip()
+        owner = os.path.join(theirs, OWNER_FILE)
+        with open(owner, "w") as f:   # as seen from here: a pid no process has
+            f.write("4194304 12345.0\n")
+        with SpillDirectory(spill_root):
+            assert os.path.isdir(theirs)
+    finally:
+        child.stdin.close()
+        assert child.wait(timeout=30) == 0
+    assert not os.path.exists(theirs)            # a clean exit removes its own
+
+
 WRITER_CHILD = """
 import json, os, sys, time
 import numpy as np
