@@ -134,12 +134,16 @@ def latest_time(m: dict) -> int | None:
 @contextlib.contextmanager
 def writer(path: str):
     """The writer role for a dataset (one committer at a time on this host); attempts of
-    an earlier commit that never landed are removed first."""
+    an earlier commit that never landed, and its manifest's temporary, are removed
+    first."""
     with open(os.path.join(path, LOCK), "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             m = read_manifest(path)
             remove_attempts(path, m["version"] + 1, keep=())
+            for name in os.listdir(path):   # a crashed committer's manifest, never renamed
+                if name.startswith(f"{MANIFEST}.tmp-"):
+                    disk().unlink_quietly(os.path.join(path, name))
             yield m
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)

@@ -199,7 +199,7 @@ def checkpoint(trace, path, retain: int = 10, release_writer: bool = False) -> i
         lock.acquire()   # DirectoryLocked names the other writer
     try:
         version, known, checksum, texts = _write_version(trace, path,
-                                                          state if same else None, retain)
+                                                          state if same else None)
     except BaseException:
         if not held:
             lock.release()
@@ -217,16 +217,22 @@ def checkpoint(trace, path, retain: int = 10, release_writer: bool = False) -> i
                                                     held=held)
     state.entry_json = texts
     state.remember_manifest(checksum)
-    if release_writer:
-        state.lock.release()
-        state.lock = None
+    try:   # the version is durable and the trace knows it: whatever happens here
+        _retain(path, version, retain, state, state.files)
+    except (OSError, ValueError):
+        pass   # what retention left, the next checkpoint collects
+    finally:
+        if release_writer:
+            state.lock.release()
+            state.lock = None
     return version
 
 
-def _write_version(trace, path: str, state: CheckpointState | None, retain: int
+def _write_version(trace, path: str, state: CheckpointState | None
                    ) -> tuple[int, dict, int, dict]:
-    """Write the next version; returns it, the files of each retained version known, its
-    manifest's checksum and its entries encoded (per file)."""
+    """Write the next version; returns it, the files of each version known, its
+    manifest's checksum and its entries encoded (per file). Retention is the caller's,
+    once the trace has taken the version as its own."""
     versions = list_versions(path)
     base = state.version if state is not None else 0
     latest = versions[-1] if versions else 0
@@ -319,10 +325,6 @@ def _write_version(trace, path: str, state: CheckpointState | None, retain: int
     if state is not None:
         state.files[version] = files
     known = state.files if state is not None else {version: files}
-    try:
-        _retain(path, version, retain, state, known)
-    except OSError:
-        pass   # the version is durable; what retention left, the next checkpoint collects
     return version, known, checksum, texts
 
 
@@ -346,8 +348,11 @@ def _retain(path: str, newest: int, retain: int, state: CheckpointState | None,
         if v <= newest - retain:
             io.unlink_quietly(os.path.join(path, manifest_name(v)))
             removed = True
+    if removed:   # the manifests' removal durable before the files they name go: power
+        io.fsync_dir(path)   # loss never brings back a version whose files are gone
+        removed = False
     kept = [v for v in versions if v > newest - retain]
-    needed = set(leased(path))
+    needed = set(leased(path))   # (a live lease that cannot be read: ValueError, nothing goes)
     if state is not None:
         needed |= state.read_files
     for v in kept:

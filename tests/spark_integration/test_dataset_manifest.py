@@ -73,3 +73,15 @@ def test_a_manifest_of_the_first_format_reads_as_one_base_commit(tmp_path):
     (tmp_path / dataset.MANIFEST).write_text(json.dumps({"key": ["k"], "commits": []}))
     with pytest.raises(ManifestError, match="no checksum"):
         dataset.read_manifest(str(tmp_path))
+
+
+def test_a_writer_removes_what_a_crashed_committer_left_and_nothing_committed(tmp_path):
+    m = _committed(tmp_path)
+    left = tmp_path / f"{dataset.MANIFEST}.tmp-4242"
+    left.write_text("{")                                   # never renamed in
+    os.makedirs(tmp_path / "part-00001" / "c000003-a9")    # an attempt of commit 3
+    with dataset.writer(str(tmp_path)) as got:
+        assert got["commits"] == m["commits"]
+    assert not left.exists()
+    assert sorted(os.listdir(tmp_path / "part-00001")) == ["c000001-a4"]
+    assert sorted(os.listdir(tmp_path / "part-00000")) == ["c000001-a3", "c000002-a7"]

@@ -1102,6 +1102,40 @@ def test_a_page_file_name_taken_already_fails_the_checkpoint_and_keeps_the_file(
         assert _snap(e.load(ck, version=1)) == v1
 
 
+def test_retention_failing_after_the_version_is_durable_leaves_the_trace_on_it(
+        tmp_path, monkeypatch):
+    """Retention runs once the trace has taken the new version as its own: an interrupt
+    there, or a live lease that cannot be read, never makes the next checkpoint a fork."""
+    import arrangedb.spine.persist.write as write_module
+
+    ck = tmp_path / "ck"
+    real_retain, real_leased = write_module._retain, write_module.leased
+    with arrangedb.Engine(spill_dir=tmp_path / "spill", memory_budget="64MiB") as e:
+        trace = e.arrange(_int_table(np.arange(1000)), key=["k"], vals=["v"], diff="d")
+        assert trace.checkpoint(ck, retain=1) == 1
+
+        def interrupted(*args):
+            raise KeyboardInterrupt
+        monkeypatch.setattr(write_module, "_retain", interrupted)
+        trace.insert(_int_table(np.arange(10)), diff="d")
+        with pytest.raises(KeyboardInterrupt):
+            trace.checkpoint(retain=1)
+        monkeypatch.setattr(write_module, "_retain", real_retain)
+
+        def unreadable(path):
+            raise ValueError("a live lease holds no JSON")
+        monkeypatch.setattr(write_module, "leased", unreadable)
+        trace.insert(_int_table(np.arange(10, 20)), diff="d")
+        assert trace.checkpoint(retain=1) == 3   # nothing collected: a lease unread
+        monkeypatch.setattr(write_module, "leased", real_leased)
+        trace.insert(_int_table(np.arange(20, 30)), diff="d")
+        assert trace.checkpoint(retain=1) == 4
+        assert _version_numbers(ck) == [4] and _page_files(ck) == _named(ck, 4)
+        model = _snap(trace)
+    with arrangedb.Engine(spill_dir=tmp_path / "spill", memory_budget="64MiB") as e:
+        assert _snap(e.load(ck)) == model
+
+
 def test_checkpoint_arguments_and_save(tmp_path):
     spill = tmp_path / "spill"
     spill.mkdir()
