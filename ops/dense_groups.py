@@ -112,18 +112,19 @@ class SlotTotals:
         self.totals = {p: np.zeros(0, t) for p, t in dtypes.items()}
 
     @classmethod
-    def for_partials(cls, schema: pa.Schema, by: list[str], max_slots: int
-                     ) -> "SlotTotals | None":
+    def for_partials(cls, schema: pa.Schema, by: list[str], max_slots: int,
+                     added: frozenset) -> "SlotTotals | None":
         """Totals for grouped partials of ``schema`` (the group column, then the
         partials), or None unless one integer group column and int64 or float64 partials
-        only (counts and sums: mins, maxes and decimal sums keep the general path)."""
+        that add up (``added``: counts and sums) only: mins, maxes and decimal sums keep
+        the general path."""
         if len(by) != 1 or not pa.types.is_integer(schema.field(by[0]).type):
             return None
         dtypes = {}
         for f in schema:
             if f.name == by[0]:
                 continue
-            if f.type not in (pa.int64(), pa.float64()):
+            if f.name not in added or f.type not in (pa.int64(), pa.float64()):
                 return None
             dtypes[f.name] = np.dtype(f.type.to_pandas_dtype())
         return cls(by[0], schema.field(by[0]).type, dtypes, max_slots)

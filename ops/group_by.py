@@ -163,7 +163,8 @@ def _run(partials: Partials, batches, engine, batch_rows, first, last):
         # one integer group column: partials added up per slot of its range, while the
         # range's arrays fit the share; else (and for the rows it cannot take) as below
         slots = SlotTotals.for_partials(partials.partial_schema(), partials.by,
-                                        limit // (9 * max(len(partials.partial_schema()), 1)))
+                                        limit // (9 * max(len(partials.partial_schema()), 1)),
+                                        partials.added())
         for chunk in _coalesced(batches, min(limit // 8, 64 << 20)):
             churn += chunk.nbytes
             if churn >= limit // 2:

@@ -126,6 +126,11 @@ class Partials:
             out = out.set_column(out.schema.get_field_index(c), c, _viewed(out.column(c), t))
         return out
 
+    def added(self) -> frozenset:
+        """The partials that combine by adding up (counts, sums, valid rows)."""
+        return frozenset(pname for name in self.aggs for pname, kind in self.plan[name]
+                         if _COMBINE[kind] == "sum")
+
     def partial_schema(self) -> pa.Schema:
         fields = [self.schema.field(b) for b in self.by]
         for name, (fn, col) in self.aggs.items():
