@@ -15,6 +15,15 @@ from arrangedb.spine import Block, is_constant
 SHORT_RUNS = 4   # fewer rows per key than this on average: per-key sums by bincount
 
 
+def times_counts(x: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Each value times its count; a value counted zero times adds nothing (not the NaN
+    of inf x 0: the row is not there)."""
+    out = x * counts
+    if out.dtype.kind == "f" and not np.isfinite(x).all():
+        out[counts == 0] = 0
+    return out
+
+
 class KeyPartials:
     """Per key of an A block, the sums each partial needs: ``n`` (count-weighted rows,
     or valid values), ``s`` (count-weighted values) and ``v`` (valid rows: a sum over no
@@ -69,12 +78,18 @@ class KeyPartials:
             return np.bincount(key_of, weights=x, minlength=len(starts))
 
         def weighted(x: np.ndarray) -> np.ndarray:
-            if unit is None:
-                return per_key(x * counts)
-            total = per_key(x) if unit == 1 else per_key(x) * unit
-            if odd_key is not None:
-                np.add.at(total, odd_key, x[odd] * (counts[odd] - unit))
-            return total
+            if unit is not None:
+                total = per_key(x)
+                if unit == 1 and odd_key is None:
+                    return total
+                # the correction is exact for finite values only (inf - inf is NaN)
+                if x.dtype.kind != "f" or np.isfinite(total).all():
+                    if unit != 1:
+                        total *= unit
+                    if odd_key is not None:
+                        np.add.at(total, odd_key, x[odd] * (counts[odd] - unit))
+                    return total
+            return per_key(times_counts(x, counts))
 
         if unit is None:
             n_rows = per_key(counts.astype(np.int64))

@@ -82,10 +82,13 @@ def weighable(t: pa.DataType) -> bool:
 
 
 def weigh(sums: np.ndarray, key_bounds: np.ndarray, counts: np.ndarray, unit: int,
-          odd: np.ndarray, values_at) -> np.ndarray:
+          odd: np.ndarray, values_at) -> np.ndarray | None:
     """Plain per-key ``sums`` (each val once) made sums of value x count, in place: times
     the usual count ``unit``, plus each ``odd`` leaf's value (``values_at(rows)``) times
-    the rest of its count."""
+    the rest of its count. None for float sums that are not all finite (a value inf or
+    NaN): the correction would make inf - inf, or inf x 0, NaN."""
+    if sums.dtype.kind == "f" and not np.isfinite(sums).all():
+        return None
     if unit != 1:
         sums *= unit
     if len(odd):   # in the sums' type: unsigned values wrap into int64 as summed

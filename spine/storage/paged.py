@@ -255,8 +255,10 @@ class PagedPart(Part):
         if usual is None:
             return out
         for f, got in self._key_sums(rest, key_bounds).items():
-            out[f] = weigh(got, key_bounds, counts, *usual,
-                           lambda rows, g=groups[f]: take_column(self.pagefile, g, rows))
+            got = weigh(got, key_bounds, counts, *usual,
+                        lambda rows, g=groups[f]: take_column(self.pagefile, g, rows))
+            if got is not None:   # (else the column is read and weighed row by row)
+                out[f] = got
         return out
 
     def layout(self) -> PartLayout:
