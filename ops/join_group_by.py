@@ -87,6 +87,8 @@ def pushdown_side(left, right, by: list[str], aggs: dict, how: str) -> int | Non
     left, 1 right), or None when it runs the join instead (the module's notes)."""
     if "count" in by or any(c == "count" for _, c in aggs.values()):
         return None   # the join's own count column is grouped or aggregated
+    if not by:
+        return None   # one global group: the join's rows grouped as they come
     return _pushdown_side(left, right, by, aggs, how)
 
 
@@ -337,9 +339,9 @@ def join_group_by(left, right, by, aggs: dict, at: int | None = None, how: str =
                         weight="count", engine=engine, batch_rows=batch_rows)
     where = output_sides(left, right)
     a_trace, b_trace = (left, right) if side == 0 else (right, left)
-    linear = nonnegative_at(a_trace, at)
     # read linearly, a group whose rows were all retracted sums to zero rows: counted,
-    # and dropped
+    # and dropped -- which holds only while no joined row counts below zero (B's either)
+    linear = nonnegative_at(a_trace, at) and nonnegative_at(b_trace, at)
     rows = next((n for n, (fn, c) in aggs.items() if fn == "count" and c is None), None)
     counted = aggs if rows is not None or not linear else {**aggs, ROWS: ("count", None)}
     partials = Partials(by, counted, partial_names(counted), schema, "count")

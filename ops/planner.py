@@ -6,7 +6,7 @@ not fit. Rules, tried in order:
 
 ``eager aggregation``
     ``group_by(join(A, B), by, aggs)`` with count/sum/mean aggregates of one side's
-    columns and group columns of the other side (or keys) runs as
+    columns and one or more group columns of the other side (or keys) runs as
     :func:`~arrangedb.ops.join_group_by.join_group_by`: that side is summed per key
     below the join, straight off its stored layout, and the joined rows are never made
     (Yan and Larson's "group-by before join").

@@ -391,6 +391,27 @@ def test_rows_counted_otherwise_with_values_that_are_not_finite(tmp_path, n, spe
     assert np.isnan(want.column("s").to_numpy()).any() == np.isnan(special)
 
 
+def test_signed_rows_of_the_other_side_and_one_global_group_give_the_plan_as_written():
+    """A dimension holding a retraction without its insertion (count -1) makes joined
+    rows of signed counts: a group whose count nets to zero still has its sum (Z-set
+    semantics), so it is kept. A grouping of no columns (one global group) is not
+    rewritten: it answers as written."""
+    aggs = {"n": ("count", None), "s": ("sum", "x")}
+    with adb.Engine(memory_budget="64MiB") as e:
+        F = e.arrange(pa.table({"k": [1, 2, 3], "x": [2.5, 0.0, 7.0]}), key=["k"],
+                      vals=["x"], name="fact")
+        D = e.arrange(pa.table({"k": [1, 2, 3], "seg": [2, 2, 1], "d": [1, -1, 1]}),
+                      key=["k"], vals=["seg"], diff="d", name="dim")
+        plan = adb.group_by(adb.join(F, D), by="seg", aggs=aggs)
+        assert "eager aggregation" in plan.explain()
+        want = eager_group_by(eager_join(F, D), by="seg", aggs=aggs).read_all()
+        assert want.sort_by("seg").to_pydict() == {"seg": [1, 2], "n": [1, 0], "s": [7.0, 2.5]}
+        assert plan.read_all().sort_by("seg").equals(want.sort_by("seg"))
+        whole = adb.group_by(adb.join(F, D), by=[], aggs=aggs)
+        assert whole.read_all().to_pydict() == \
+            eager_group_by(eager_join(F, D), by=[], aggs=aggs).read_all().to_pydict()
+
+
 def test_summed_right_side_with_its_own_key_name(engine, monkeypatch):
     """The right side summed per key and grouped on the key: the output names the key
     as the left trace does, whatever the right trace calls it."""
