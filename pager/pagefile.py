@@ -232,9 +232,7 @@ class PageFile:
         self.regions = regions
         self.version = version
         self.directory_crc = directory_crc   # identifies the file's contents (manifests)
-        # an fsync of it failed: its write-back may have been dropped, and a second fsync
-        # would say nothing of it (Linux reports a write-back error once)
-        self.sync_failed = False
+        self.sync_failed = False   # an fsync failed: another proves nothing (reported once)
         self._checksum = _CHECKSUMS[version]
         self._mm = mm
         self._view = memoryview(mm) if mm is not None else memoryview(b"")
