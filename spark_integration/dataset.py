@@ -28,6 +28,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
 import zlib
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from arrangedb.pager import ManifestError, disk
+from arrangedb.pager.leases import leased
 
 MANIFEST = "_arrangedb_dataset.json"
 LOCK = "_arrangedb_dataset.lock"
@@ -135,7 +137,7 @@ def latest_time(m: dict) -> int | None:
 def writer(path: str):
     """The writer role for a dataset (one committer at a time on this host); attempts of
     an earlier commit that never landed, and its manifest's temporary, are removed
-    first."""
+    first, and so are the directories a compaction replaced once no reader holds them."""
     with open(os.path.join(path, LOCK), "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
@@ -144,6 +146,7 @@ def writer(path: str):
             for name in os.listdir(path):   # a crashed committer's manifest, never renamed
                 if name.startswith(f"{MANIFEST}.tmp-"):
                     disk().unlink_quietly(os.path.join(path, name))
+            _remove_unread(path, _unnamed(path, m))   # left by a compaction while read
             yield m
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
@@ -201,9 +204,41 @@ def commit(path: str, m: dict, reports, times: list[int], batch_id=None,
     write_manifest(path, new)
     remove_attempts(path, version, keep=parts.values())
     if replace:   # what the compacted commit replaces is no longer named by any version
-        for d in old_dirs - set(parts.values()):
-            shutil.rmtree(os.path.join(path, d), ignore_errors=True)
+        _remove_unread(path, old_dirs - set(parts.values()))
     return new
+
+
+_ATTEMPT = re.compile(r"^c(\d{6})-a\d+$")
+
+
+def _unnamed(path: str, m: dict) -> list[str]:
+    """The attempt directories of commits through ``m``'s version that it does not name
+    (what a compaction replaced while a reader held it)."""
+    named = {d for c in m["commits"] for d in c["parts"].values()}
+    out = []
+    for part in os.listdir(path):
+        if not part.startswith("part-") or not os.path.isdir(os.path.join(path, part)):
+            continue
+        for d in os.listdir(os.path.join(path, part)):
+            found = _ATTEMPT.match(d)
+            rel = f"{part}/{d}"
+            if found and int(found.group(1)) <= m["version"] and rel not in named:
+                out.append(rel)
+    return out
+
+
+def _remove_unread(path: str, dirs) -> None:
+    """Remove the directories ``dirs`` in which no live reader holds a lease (a task
+    still loading them: engine.load leases the files it maps); the others stay for a
+    later writer to find unread."""
+    for d in dirs:
+        full = os.path.join(path, d)
+        try:
+            if leased(full):
+                continue
+        except (OSError, ValueError):
+            continue   # a lease that cannot be read: held, for all we know
+        shutil.rmtree(full, ignore_errors=True)
 
 
 def resolve_at(m: dict, at: int | None, path: str) -> int:

@@ -85,3 +85,27 @@ def test_a_writer_removes_what_a_crashed_committer_left_and_nothing_committed(tm
     assert not left.exists()
     assert sorted(os.listdir(tmp_path / "part-00001")) == ["c000001-a4"]
     assert sorted(os.listdir(tmp_path / "part-00000")) == ["c000001-a3", "c000002-a7"]
+
+
+def test_a_compaction_keeps_what_a_reader_holds_until_a_later_writer_finds_it_free(tmp_path):
+    """A compacted commit replaces the dataset's directories; those a reader still holds
+    (a lease: engine.load's on the files it maps) are removed by a later writer, once
+    the reader is gone."""
+    from arrangedb.pager.leases import Lease
+
+    m = _committed(tmp_path)
+    held = Lease(str(tmp_path / "part-00000" / "c000001-a3"), ["batch-x.page"])
+    os.makedirs(tmp_path / "part-00000" / "c000003-a1")
+    os.makedirs(tmp_path / "part-00001" / "c000003-a2")
+    report = [{"partition": 0, "dir": "part-00000/c000003-a1", "updates": 12},
+              {"partition": 1, "dir": "part-00001/c000003-a2", "updates": 3}]
+    m = dataset.commit(str(tmp_path), m, report, [0, 1], replace=True)
+    assert sorted(os.listdir(tmp_path / "part-00000")) == ["c000001-a3", "c000003-a1"]
+    assert sorted(os.listdir(tmp_path / "part-00001")) == ["c000003-a2"]
+    with dataset.writer(str(tmp_path)):   # the reader still reads: kept
+        pass
+    assert (tmp_path / "part-00000" / "c000001-a3").exists()
+    held.release()
+    with dataset.writer(str(tmp_path)) as got:
+        assert got["version"] == 3
+    assert sorted(os.listdir(tmp_path / "part-00000")) == ["c000003-a1"]
