@@ -211,6 +211,11 @@ def checkpoint(trace, path, retain: int = 10, release_writer: bool = False) -> i
         held = []
         if state is not None:   # its files are still read: the lease on them stays
             held = state.held + ([state.lease] if state.lease is not None else [])
+            if state.read_files and os.path.isdir(state.path):
+                try:   # the files it staged there too, which no lease named
+                    held.append(Lease(state.path, state.read_files))
+                except OSError:
+                    pass   # the version is durable: a retention there may take them
             state.lease, state.held = None, []
             state.close()
         trace._checkpoint = state = CheckpointState(path, version, lock, files=known,

@@ -1272,6 +1272,31 @@ def test_a_staged_file_whose_fsync_failed_is_copied_not_trusted_on_retry(tmp_pat
         assert _snap(engine.load(ck)) == model
 
 
+def test_files_a_trace_staged_stay_while_it_reads_them_from_another_directory(tmp_path):
+    """A trace that staged an insert in directory A and then checkpoints into B still
+    reads the staged file in A: another writer's retention in A leaves it, and the
+    trace checkpoints into a third directory (copying it by path) all the same."""
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    n = trace_module.DURABLE_RESIDENT_UPDATES
+    with arrangedb.Engine(spill_dir=tmp_path / "spill", memory_budget="64MiB") as engine:
+        trace = engine.arrange(_int_table(np.arange(1000)), key=["k"], vals=["v"], diff="d")
+        assert trace.checkpoint(a) == 1
+        trace.insert(_int_table(np.arange(10**6, 10**6 + 2 * n)), diff="d")
+        staged = {f for f in _page_files(a) if re.search(r"-i\d+\.page$", f)}
+        assert len(staged) == 1
+        assert trace.checkpoint(b) == 1   # a's writer role goes; its staged file is read
+        model = _snap(trace)
+        with arrangedb.Engine(spill_dir=tmp_path / "spill2", memory_budget="64MiB") as other:
+            again = other.load(a)
+            again.insert(_int_table(np.arange(5)), diff="d")
+            assert again.checkpoint(retain=1) == 2   # retention in a
+            again.close()
+        assert staged <= _page_files(a)
+        assert trace.checkpoint(c) == 1
+    with arrangedb.Engine(spill_dir=tmp_path / "spill", memory_budget="64MiB") as engine:
+        assert _snap(engine.load(c)) == model
+
+
 _STAGE_AND_DIE = textwrap.dedent("""
     import os, signal, sys
     import numpy as np, pyarrow as pa
