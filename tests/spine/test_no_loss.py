@@ -609,3 +609,16 @@ def test_a_trace_saved_by_an_earlier_format_still_loads(tmp_path):
                                "amount": [1.5]}))
         trace.merge_all()
         assert trace.stats()["updates"] == expected.num_rows + 1
+
+
+def test_a_trace_of_the_earlier_format_missing_its_batches_is_named_damaged(tmp_path):
+    """Format 1 has no checksum: a manifest missing what every manifest holds is named
+    as damaged (ManifestError naming the file), not a KeyError from deep in the load."""
+    copy = tmp_path / "save-v1"
+    shutil.copytree(os.path.join(DATA_DIR, "save-v1"), copy)
+    m = json.loads((copy / "manifest.json").read_text())
+    del m["batches"]
+    (copy / "manifest.json").write_text(json.dumps(m))
+    with arrangedb.Engine(spill_dir=tmp_path) as engine:
+        with pytest.raises(arrangedb.ManifestError, match="manifest.json.*lacks batches"):
+            engine.load(copy)
