@@ -161,8 +161,10 @@ def read_manifest(path: str, version: int | None = None) -> dict:
         raise ManifestError(f"{mpath!r}: checksum mismatch (the manifest is damaged)")
     if fmt == FORMAT_VERSION and m.get("checkpoint") != version:
         raise ManifestError(f"{mpath!r} names version {m.get('checkpoint')!r}, not {version}")
-    missing = [k for k in ("key_schema", "val_schema", "batches") if k not in m]
-    if missing or not isinstance(m["batches"], list):   # (format 1 has no checksum)
+    # format 1 has no checksum: what it must hold is checked here instead
+    needed = ("key_schema", "val_schema", "batches") if fmt == 1 else ("batches",)
+    missing = [k for k in needed if k not in m]
+    if missing or not isinstance(m["batches"], list):
         lacks = ", ".join(missing) or "a list of batches"
         raise ManifestError(f"{mpath!r} is damaged: it lacks {lacks}")
     m["__path__"], m["__version__"] = mpath, version or 1
