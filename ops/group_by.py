@@ -56,6 +56,8 @@ def group_by(stream, by, aggs: dict, weight: str | bool | None = None, engine=No
     ``count``, a change stream's ``diff``), else every row once; False: every row once.
     Over a stream with negative weights (changes), count and sum give the net change
     per group; min, max and mean are refused (use ``reduce(trace, aggs, since=, upto=)``).
+    ``by=[]`` groups the whole stream into one row, and an empty stream into none (a
+    grouping reports the groups it saw; SQL's global aggregate answers a count of 0).
     Runs in ``engine``, else the engine that made the stream, else the one engine open
     (:func:`arrangedb.spine.engine.engine_for`), spilling partial aggregates through it
     when the groups do not fit its budget.
