@@ -78,8 +78,19 @@ def numeric_values(arr: pa.Array) -> np.ndarray:
 
 
 def grouped_sum(x: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """``x`` summed per group of ``bounds``. Integers by prefix sums differenced at the
+    bounds (exact: int64 wraps alike on both sides); floats group by group, since a
+    prefix sum carries one group's NaN or inf into every later group, and its rounding
+    grows with the prefix."""
     if len(bounds) <= 1:
         return np.zeros(0, dtype=x.dtype)
+    if x.dtype.kind == "f":
+        out = np.zeros(len(bounds) - 1, x.dtype)
+        full = np.diff(bounds) > 0   # (reduceat would give an empty group a value)
+        if full.any():   # each non-empty group runs to the next one's start
+            out[full] = np.add.reduceat(x[:int(bounds[-1])],
+                                        np.asarray(bounds[:-1], np.int64)[full])
+        return out
     csum = np.concatenate([np.zeros(1, dtype=x.dtype), np.cumsum(x)])
     return csum[bounds[1:]] - csum[bounds[:-1]]
 
@@ -139,7 +150,10 @@ def aggregate(bounds: np.ndarray, vals: pa.Table | None, counts: np.ndarray,
                 out.append(pa.array(limbs_mean(sums, nonnull, arr.type.scale), pa.float64(),
                                     mask=~has))
         elif fn in ("sum", "mean"):
-            total = grouped_sum(numeric_values(arr) * valid * counts, bounds)
+            # rows not counted add nothing, a NaN or inf among them included
+            x = numeric_values(arr)
+            total = grouped_sum(np.where(valid & (counts != 0), x * counts, 0)
+                                if x.dtype.kind == "f" else x * valid * counts, bounds)
             has = grouped_sum(valid.astype(np.int64), bounds) > 0
             if fn == "mean":
                 with np.errstate(divide="ignore", invalid="ignore"):
