@@ -42,7 +42,7 @@ from arrangedb.ops.join import (HOWS, check_traces, dictionary_readable, join,
                                 output_schema, prefixed_names)
 from arrangedb.ops.code_totals import per_array
 from arrangedb.ops.coded_groups import RunningTotals
-from arrangedb.ops.key_partials import KeyPartials
+from arrangedb.ops.key_partials import KeyPartials, NotFiniteRetracted
 from arrangedb.ops.match import match_keys
 from arrangedb.spine import (Block, batch_part_blocks, count_through, is_absolute,
                               is_constant, nonnegative_at, part_blocks, ranges, roles)
@@ -337,11 +337,32 @@ def join_group_by(left, right, by, aggs: dict, at: int | None = None, how: str =
     if side is None:
         return group_by(join(left, right, at=at, how=how, batch_rows=batch_rows), by, aggs,
                         weight="count", engine=engine, batch_rows=batch_rows)
-    where = output_sides(left, right)
     a_trace, b_trace = (left, right) if side == 0 else (right, left)
     # read linearly, a group whose rows were all retracted sums to zero rows: counted,
     # and dropped -- which holds only while no joined row counts below zero (B's either)
-    linear = nonnegative_at(a_trace, at) and nonnegative_at(b_trace, at)
+    if not (nonnegative_at(a_trace, at) and nonnegative_at(b_trace, at)):
+        return _eager(left, right, by, aggs, at, side, False, schema, engine, batch_rows)
+    linear = _eager(left, right, by, aggs, at, side, True, schema, engine, batch_rows)
+
+    def batches():   # a NaN or inf retracted: read merged (all input is read before
+        it = iter(linear)   # the first group comes out)
+        try:
+            first = next(it, None)
+        except NotFiniteRetracted:
+            yield from _eager(left, right, by, aggs, at, side, False, schema, engine,
+                              batch_rows)
+            return
+        if first is not None:
+            yield first
+            yield from it
+    return pa.RecordBatchReader.from_batches(linear.schema, batches())
+
+
+def _eager(left, right, by, aggs, at, side, linear, schema, engine, batch_rows):
+    """The aggregation below the join, side ``side`` summed per key; ``linear``: its
+    batches read side by side (:func:`_fused`)."""
+    where = output_sides(left, right)
+    a_trace, b_trace = (left, right) if side == 0 else (right, left)
     rows = next((n for n, (fn, c) in aggs.items() if fn == "count" and c is None), None)
     counted = aggs if rows is not None or not linear else {**aggs, ROWS: ("count", None)}
     partials = Partials(by, counted, partial_names(counted), schema, "count")

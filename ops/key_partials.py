@@ -15,6 +15,19 @@ from arrangedb.spine import Block, is_constant
 SHORT_RUNS = 4   # fewer rows per key than this on average: per-key sums by bincount
 
 
+class NotFiniteRetracted(Exception):
+    """A linear read met a NaN or inf among rows counted below zero: their sums across
+    batches do not cancel (NaN - NaN is NaN), so the caller reads the trace merged."""
+
+
+def _any_below_zero(counts: np.ndarray, unit: int | None, odd: np.ndarray | None) -> bool:
+    """Whether a row counts below zero (``unit``, ``odd``: the usual count and the rows
+    counted otherwise, as found above; ``unit`` None: counts of no usual value)."""
+    if unit is None:
+        return bool(len(counts)) and int(counts.min()) < 0
+    return unit < 0 or (odd is not None and len(odd) and int(counts[odd].min()) < 0)
+
+
 def times_counts(x: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """Each value times its count; a value counted zero times adds nothing (not the NaN
     of inf x 0: the row is not there)."""
@@ -141,4 +154,8 @@ class KeyPartials:
                                enumerate(decimal_limbs(arr, None if ones else counts)))
                 else:   # "s": nulls were filled with 0
                     out[pname] = weighted(numeric_values(arr))
+        if self.linear and _any_below_zero(counts, unit, odd):
+            for x in out.values():
+                if x.dtype.kind == "f" and not np.isfinite(x).all():
+                    raise NotFiniteRetracted
         return out

@@ -254,7 +254,7 @@ class View(Trace):
         stored = None   # the touched keys' rows in the view, when already looked up
         if self.kind == "stored aggregates":   # most keys from their stored rows
             kept, keys, kept_keys, stored = stored_delta(self, checked_aggs(p), changes[0],
-                                                         self.state)
+                                                         self.state, time)
             self.keys_from_state += kept_keys
             yield kept
         else:

@@ -4,9 +4,10 @@ join's changes.
 The incremental join gives the joined rows' changes at each time (dA x B + A' x dB);
 grouped and weighed by their diffs they are each group's change of count and sums, which
 is added to the group's stored row. A group whose count reaches zero is retracted. A sum
-over a group holding only nulls is null, which changes cannot tell from a sum of zero:
-a view whose summed columns hold a null is recomputed whole instead (the caller's part,
-when :func:`apply_linear` returns False).
+over a group holding only nulls is null, which changes cannot tell from a sum of zero,
+and a NaN or inf retracted cannot be taken back out of a sum: a view whose summed
+columns hold a null, or whose changes retract a NaN or inf, is recomputed whole instead
+(the caller's part, when :func:`apply_linear` returns False).
 """
 
 from __future__ import annotations
@@ -25,13 +26,15 @@ from arrangedb.spine import Trace
 
 def apply_linear(view, lower: int, upper: int) -> bool:
     """Insert the view's changes at each time in ``[lower, upper)``; False (nothing
-    inserted) when a summed column's changes hold a null."""
+    inserted) when a summed column's changes hold a null, or retract a NaN or inf (a
+    stored sum cannot give it back: NaN - NaN is NaN)."""
     g = params(view.plan._node)
     j = params(g["stream"]._node)
     # string group columns as codes, as the planner reads them for the plan itself
     changes = join(j["left"], j["right"], since=lower, upto=upper,
                    read_dictionary=coded_group_columns(g, j) or None).read_all()
-    if any(changes.column(c).null_count for c in summed(g["aggs"])):
+    if any(changes.column(c).null_count or _non_finite_retracted(changes, c)
+           for c in summed(g["aggs"])):
         return False
     for t, (at_t,) in by_time([changes]):
         delta = group_by(at_t.drop_columns(["time"]), g["by"], g["aggs"],
@@ -79,6 +82,14 @@ def _plus(a: pa.Array, b: pa.Array) -> pa.Array:
     la += [zero] * (len(lb) - len(la))
     lb += [zero] * (len(la) - len(lb))
     return limbs_to_decimal([x + y for x, y in zip(la, lb)], a.type)
+
+
+def _non_finite_retracted(changes: pa.Table, column: str) -> bool:
+    col = changes.column(column)
+    if not pa.types.is_floating(col.type) or not len(col):
+        return False
+    bad = pc.and_(pc.less(changes.column("diff"), 0), pc.invert(pc.is_finite(col)))
+    return bool(pc.any(bad).as_py())
 
 
 def summed(aggs: dict) -> list[str]:

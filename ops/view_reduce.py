@@ -28,14 +28,16 @@ _ACCUMULATED = ("mean", "count_distinct")   # from the view's state, nulls and a
 
 def eligible(aggs: dict, val_schema: pa.Schema | None) -> bool:
     """Whether every aggregate can be kept from the stored row, the state and the
-    changes: counts; sums, means, minimums and maximums of integer or float columns;
-    counts of distinct integers, strings, booleans and dates."""
+    changes: counts; sums, means, minimums and maximums of signed integer or float
+    columns; counts of distinct integers, strings, booleans and dates."""
     for fn, col in aggs.values():
         if fn not in FAST:
             return False
         if col is not None:
             t = val_schema.field(col).type
-            numeric = pa.types.is_integer(t) or pa.types.is_floating(t)
+            # unsigned values past 2**63 would compare as negatives in int64, and a
+            # retraction's weighted change does not fit their type
+            numeric = pa.types.is_signed_integer(t) or pa.types.is_floating(t)
             if not (distinct_countable(t) if fn == "count_distinct" else numeric):
                 return False
     return True
@@ -50,7 +52,7 @@ def _values(arr, dtype) -> tuple[np.ndarray, np.ndarray]:
     return filled.to_numpy(zero_copy_only=False).astype(dtype, copy=False), valid
 
 
-def stored_delta(view, aggs: dict, changes: pa.Table, state=None
+def stored_delta(view, aggs: dict, changes: pa.Table, state=None, time: int = 0
                  ) -> tuple[pa.Table | None, pa.Table, int, pa.Table]:
     """(the view's change for the keys it can keep from their stored rows, the keys it
     must recompute, how many it kept, the stored rows of the keys to recompute -- a
@@ -58,7 +60,11 @@ def stored_delta(view, aggs: dict, changes: pa.Table, state=None
     recompute retracts, not looked up twice). ``changes``: the input's changes at one
     time; ``state``: the view's :class:`~arrangedb.ops.view_state.ReduceState`, which
     this advances (None: the aggregates need none, or it is to be built again -- then
-    every key that needs it is recomputed)."""
+    every key that needs it is recomputed) to ``time``, the changes' time.
+
+    A float value retracted that is not finite (NaN, inf) cannot be taken back out of a
+    stored sum (NaN - NaN, inf - inf are NaN): such keys are recomputed. Minimums and
+    maximums skip NaN, as ``reduce``'s do."""
     keys = view.key_names
     cols = sorted({c for fn, c in aggs.values() if c is not None and fn != "count_distinct"})
     extremes = {fn for fn, _ in aggs.values() if fn in ("min", "max")}
@@ -78,7 +84,7 @@ def stored_delta(view, aggs: dict, changes: pa.Table, state=None
     fast = np.ones(n, dtype=bool)
     alive = np.ones(n, dtype=bool)
     known = ~retracts          # whether the group is known to keep a row (or be gone)
-    acc = state.advance(key_table, per_key, changes) if state is not None else None
+    acc = state.advance(key_table, per_key, changes, time) if state is not None else None
     if acc is not None:   # the state counts every key's rows
         known[:] = True
         alive = acc.rows > 0
@@ -114,6 +120,8 @@ def stored_delta(view, aggs: dict, changes: pa.Table, state=None
         fast[qi[~stored_valid]] = False   # a stored null: a group of nulls alone
         if c is not None:
             fast &= per_key.column(f"{c}__nulls_sum").to_numpy() == 0
+            if f"{c}__outbad_sum" in per_key.column_names:   # a NaN or inf taken out
+                fast &= per_key.column(f"{c}__outbad_sum").to_numpy() == 0
         if fn == "count":
             new_cols[name] = prev + dn   # no nulls among the changes: rows are values
             if c is None:
@@ -121,18 +129,19 @@ def stored_delta(view, aggs: dict, changes: pa.Table, state=None
                 alive &= new_cols[name] > 0
         elif fn == "sum":
             delta, _ = _values(per_key.column(f"{c}__w_sum"), dtype)
-            new_cols[name] = prev + delta
+            with np.errstate(invalid="ignore"):   # inf - inf: NaN, as a sum of them is
+                new_cols[name] = prev + delta
         else:
             ins, has_in = _values(per_key.column(f"{c}__in_{fn}"), dtype)
             out, has_out = _values(per_key.column(f"{c}__out_{fn}"), dtype)
             # the stored extreme holds unless a value retracted reaches it; an inserted
             # value beyond it is the new extreme whatever was retracted
-            if fn == "max":
+            if fn == "max":   # (fmax, fmin: NaN skipped, unless there is nothing else)
                 stays = ~has_out | (out < prev) | (has_in & (ins >= prev))
-                value = np.where(has_in, np.maximum(prev, ins), prev)
+                value = np.where(has_in, np.fmax(prev, ins), prev)
             else:
                 stays = ~has_out | (out > prev) | (has_in & (ins <= prev))
-                value = np.where(has_in, np.minimum(prev, ins), prev)
+                value = np.where(has_in, np.fmin(prev, ins), prev)
             # a new group: its extreme is what was inserted, if nothing was retracted
             value = np.where(had, value, ins)
             stays = np.where(had, stays, ~has_out & has_in)
@@ -197,6 +206,10 @@ def _hashed(changes: pa.Table, keys: list[str], cols: list[str]) -> pa.Table:
         specs += [(f"{c}__in", "max"), (f"{c}__in", "min"), (f"{c}__out", "max"),
                   (f"{c}__out", "min"), (f"{c}__nulls", "sum"), (f"{c}__w", "sum"),
                   (f"{c}__nv", "sum")]
+        if pa.types.is_floating(col.type):
+            bad = pc.and_(down, pc.invert(pc.is_finite(col)))
+            work[f"{c}__outbad"] = pc.cast(pc.fill_null(bad, False), pa.int64())
+            specs.append((f"{c}__outbad", "sum"))
     per_key = pa.table(work).group_by(keys).aggregate(specs)
     return per_key.sort_by([(k, "ascending") for k in keys])
 
@@ -234,9 +247,12 @@ def _sorted_runs(changes: pa.Table, keys: list[str], cols: list[str], extremes: 
             out[f"{c}__nv_sum"] = np.add.reduceat(np.where(valid, d, 0), starts)
         lo, hi = (-np.inf, np.inf) if dtype is np.float64 else \
             (np.iinfo(np.int64).min, np.iinfo(np.int64).max)
+        if dtype is np.float64:
+            out[f"{c}__outbad_sum"] = np.add.reduceat(
+                (down & valid & ~np.isfinite(v)).astype(np.int64), starts)
         for side, mask in (("in", up & valid), ("out", down & valid)):
             has = np.add.reduceat(mask.astype(np.int64), starts) == 0
-            for fn, red, fill in (("max", np.maximum, lo), ("min", np.minimum, hi)):
+            for fn, red, fill in (("max", np.fmax, lo), ("min", np.fmin, hi)):
                 if fn not in extremes:
                     continue
                 r = red.reduceat(np.where(mask, v, fill), starts)

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from arrangedb.ops.per_key import key_index
-from arrangedb.ops.reduce import reduce
+from arrangedb.ops.reduce import reduce, reduce_of_keys
 from arrangedb.spine import Columns, Trace, together
 
 ROWS = "rows"
@@ -61,6 +61,7 @@ class ReduceState:
     """The accumulators of ``reduce(trace, aggs)``'s view (module docstring)."""
 
     def __init__(self, trace, aggs: dict):
+        self.source = trace   # the reduce's input: keys whose sums cannot follow, recounted
         self.means = sorted({c for fn, c in aggs.values() if fn == "mean"})
         self.distincts = sorted({c for fn, c in aggs.values() if fn == "count_distinct"})
         self.key_names = list(trace.key_names)
@@ -80,6 +81,13 @@ class ReduceState:
             t.exertion = together
         self._handles = [t.handle() for t in self._traces()]
 
+    def _spec(self) -> dict:
+        """The accumulators as ``reduce`` aggregates of the input."""
+        spec = {ROWS: ("count", None)}
+        for c in self.means:
+            spec |= {f"n:{c}": ("count", c), f"s:{c}": ("sum", c)}
+        return spec
+
     def _traces(self) -> list[Trace]:
         return [self.acc, *self.pairs.values()]
 
@@ -88,9 +96,7 @@ class ReduceState:
         """The state of ``trace`` as it is at time ``at`` (None: its latest)."""
         state = cls(trace, aggs)
         try:
-            spec = {ROWS: ("count", None)}
-            for c in state.means:
-                spec |= {f"n:{c}": ("count", c), f"s:{c}": ("sum", c)}
+            spec = state._spec()
             zeros = [f"s:{c}" for c in state.means]
 
             def accumulators():   # a sum over only nulls is null: here, zero
@@ -130,11 +136,13 @@ class ReduceState:
         trace.add_runs(trace.runs.build(reader, False, _D))
         trace.notify_idle()   # the runs merge in idle time, not at the first refresh
 
-    def advance(self, keys: pa.Table, per_key: pa.Table, changes: pa.Table) -> Advance:
-        """Apply one time's ``changes``; ``keys``: their distinct keys, sorted, and
-        ``per_key`` the changes summed per key (``__d_sum``; per averaged column c,
-        ``c__nv_sum`` the diffs of its non-null values and ``c__w_sum`` their weighted
-        sum)."""
+    def advance(self, keys: pa.Table, per_key: pa.Table, changes: pa.Table, time: int
+                ) -> Advance:
+        """Apply one time's ``changes`` (at ``time``); ``keys``: their distinct keys,
+        sorted, and ``per_key`` the changes summed per key (``__d_sum``; per averaged
+        column c, ``c__nv_sum`` the diffs of its non-null values, ``c__w_sum`` their
+        weighted sum, and for floats ``c__outbad_sum`` the NaN and inf values retracted:
+        a sum cannot give those back, so their keys are counted again from the input)."""
         n = keys.num_rows
         old = self.acc.lookup(keys)
         qi = old.column("query_index").to_numpy()
@@ -146,7 +154,14 @@ class ReduceState:
             dtype = np.float64 if pa.types.is_floating(t) else np.int64
             before = np.zeros(n, dtype)
             before[qi] = old.column(name).to_numpy()
-            new[name] = before + change.fill_null(0).to_numpy().astype(dtype, copy=False)
+            with np.errstate(invalid="ignore"):   # inf - inf: NaN, recounted below
+                new[name] = before + change.fill_null(0).to_numpy().astype(dtype, copy=False)
+        bad = np.zeros(n, dtype=bool)
+        for c in self.means:
+            if f"{c}__outbad_sum" in per_key.column_names:
+                bad |= per_key.column(f"{c}__outbad_sum").to_numpy() > 0
+        if bad.any():
+            self._recounted(keys, bad, new, time)
         alive = new[ROWS] > 0
         rows = {k: keys.column(k).filter(pa.array(alive)) for k in self.key_names}
         for name, v in new.items():
@@ -159,6 +174,20 @@ class ReduceState:
         self._compact()
         means = {c: (new[f"n:{c}"], new[f"s:{c}"]) for c in self.means}
         return Advance(new[ROWS], means, distinct)
+
+    def _recounted(self, keys: pa.Table, bad: np.ndarray, new: dict, time: int) -> None:
+        """``new``'s accumulators of the ``bad`` keys, counted from their rows at
+        ``time`` instead (a key with no row left: zeros)."""
+        at = np.flatnonzero(bad)
+        asked = keys.take(pa.array(at)).rename_columns(self.source.key_names)
+        got = reduce_of_keys(self.source, asked, self._spec(), time)
+        for name in new:
+            new[name][at] = 0
+        if got.num_rows:
+            where = at[key_index(asked, got.select(self.source.key_names))]
+            for name in new:
+                col = got.column(name)
+                new[name][where] = col.fill_null(pa.scalar(0, col.type)).to_numpy()
 
     def _advance_pairs(self, c: str, keys: pa.Table, changes: pa.Table) -> np.ndarray:
         """Insert the changes' (key, value) multiplicities of column ``c``; per key of
