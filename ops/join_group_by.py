@@ -344,8 +344,10 @@ def join_group_by(left, right, by, aggs: dict, at: int | None = None, how: str =
         return _eager(left, right, by, aggs, at, side, False, schema, engine, batch_rows)
     linear = _eager(left, right, by, aggs, at, side, True, schema, engine, batch_rows)
 
-    def batches():   # a NaN or inf retracted: read merged (all input is read before
-        it = iter(linear)   # the first group comes out)
+    # a NaN or inf among rows counted below zero does not cancel across batches: then
+    # the trace is read merged (the grouping reads all its input before a group is out)
+    def batches():
+        it = iter(linear)
         try:
             first = next(it, None)
         except NotFiniteRetracted:
