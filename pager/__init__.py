@@ -10,6 +10,7 @@ from arrangedb.pager.sizing import (GROUP_BY_SHARE, OPERATOR_BUFFER_MIN_BYTES,
                                      OPERATOR_BUFFER_SHARE)
 from arrangedb.pager.errors import (BudgetExceeded, CorruptionError, DirectoryLocked,
                                    ManifestError, PageFileError, SpillError)
+from arrangedb.pager.leases import Lease, leased
 from arrangedb.pager.pagefile import PageFile, PageWriter, RegionInfo
 from arrangedb.pager.sizes import format_size, parse_size
 from arrangedb.pager.spilldir import SpillDirectory, remove_stale
@@ -18,7 +19,7 @@ __all__ = [
     "disk",
     "GROUP_BY_SHARE", "OPERATOR_BUFFER_MIN_BYTES", "OPERATOR_BUFFER_SHARE",
     "PROCESS_RSS_ALLOWANCE", "RSS_ALLOWANCE", "BudgetExceeded", "CorruptionError",
-    "DirectoryLocked", "ManifestError", "MemoryBudget", "PageFile", "PageFileError",
+    "DirectoryLocked", "Lease", "ManifestError", "MemoryBudget", "PageFile", "PageFileError",
     "PageWriter", "RegionInfo", "SpillDirectory", "SpillError", "format_size", "parse_size",
-    "peak_rss", "release_freed_memory", "remove_stale",
+    "leased", "peak_rss", "release_freed_memory", "remove_stale",
 ]

@@ -35,8 +35,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from arrangedb.pager import ManifestError, disk
-from arrangedb.pager.leases import leased
+from arrangedb.pager import ManifestError, disk, leased
 
 MANIFEST = "_arrangedb_dataset.json"
 LOCK = "_arrangedb_dataset.lock"
