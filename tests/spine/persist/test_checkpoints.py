@@ -1238,6 +1238,18 @@ def test_a_writers_large_insert_is_staged_in_its_directory_and_named_by_the_next
             small, _as_dict(engine.load(ck, version=1).snapshot().read_all())))
 
 
+def _with_a_staged_insert(engine, path):
+    """A trace checkpointed into ``path`` and then given an insert large enough to be
+    staged there; the staged file's name."""
+    trace = engine.arrange(_int_table(np.arange(1000)), key=["k"], vals=["v"], diff="d")
+    assert trace.checkpoint(path) == 1
+    n = trace_module.DURABLE_RESIDENT_UPDATES
+    trace.insert(_int_table(np.arange(10**6, 10**6 + 2 * n)), diff="d")
+    staged = {f for f in _page_files(path) if re.search(r"-i\d+\.page$", f)}
+    assert len(staged) == 1
+    return trace, staged
+
+
 def test_a_staged_file_whose_fsync_failed_is_copied_not_trusted_on_retry(tmp_path):
     """Linux reports a failed write-back once: a second fsync of the same file succeeds
     whatever reached the disk. A staged insert whose fsync failed is written to a new,
@@ -1254,13 +1266,8 @@ def test_a_staged_file_whose_fsync_failed_is_copied_not_trusted_on_retry(tmp_pat
             super().fsync_path(path)
 
     ck = tmp_path / "ck"
-    n = trace_module.DURABLE_RESIDENT_UPDATES
     with arrangedb.Engine(spill_dir=tmp_path / "spill", memory_budget="64MiB") as engine:
-        trace = engine.arrange(_int_table(np.arange(1000)), key=["k"], vals=["v"], diff="d")
-        assert trace.checkpoint(ck) == 1
-        trace.insert(_int_table(np.arange(10**6, 10**6 + 2 * n)), diff="d")
-        staged = {f for f in _page_files(ck) if re.search(r"-i\d+\.page$", f)}
-        assert len(staged) == 1
+        trace, staged = _with_a_staged_insert(engine, ck)
         model = _snap(trace)
         disk_io = StagedWriteBackFails()
         with using(disk_io):
@@ -1277,13 +1284,8 @@ def test_files_a_trace_staged_stay_while_it_reads_them_from_another_directory(tm
     reads the staged file in A: another writer's retention in A leaves it, and the
     trace checkpoints into a third directory (copying it by path) all the same."""
     a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
-    n = trace_module.DURABLE_RESIDENT_UPDATES
     with arrangedb.Engine(spill_dir=tmp_path / "spill", memory_budget="64MiB") as engine:
-        trace = engine.arrange(_int_table(np.arange(1000)), key=["k"], vals=["v"], diff="d")
-        assert trace.checkpoint(a) == 1
-        trace.insert(_int_table(np.arange(10**6, 10**6 + 2 * n)), diff="d")
-        staged = {f for f in _page_files(a) if re.search(r"-i\d+\.page$", f)}
-        assert len(staged) == 1
+        trace, staged = _with_a_staged_insert(engine, a)
         assert trace.checkpoint(b) == 1   # a's writer role goes; its staged file is read
         model = _snap(trace)
         with arrangedb.Engine(spill_dir=tmp_path / "spill2", memory_budget="64MiB") as other:
