@@ -28,6 +28,27 @@ from arrangedb.spine.data.updates import Updates, constant
 # chunks: a delta of one chunk is one slice, which a run's sort reads as it is instead
 # of concatenating pieces of it again.
 PARQUET_BATCH_ROWS = 1 << 18
+PARQUET_BATCH_BYTES = 16 << 20   # a Parquet batch's decoded size, at most about
+PARQUET_READ_BYTES = 1 << 20     # a column chunk is read this much at a time
+
+
+def _parquet_batch_rows(pf, names: list[str]) -> int:
+    """Rows per batch so that a batch of ``names`` decodes to about PARQUET_BATCH_BYTES
+    (the file's uncompressed column sizes tell a row's width), at most
+    PARQUET_BATCH_ROWS."""
+    meta = pf.metadata
+    wanted = set(names)
+    width, rows = 0, 0
+    for i in range(meta.num_row_groups):
+        rg = meta.row_group(i)
+        rows += rg.num_rows
+        for j in range(rg.num_columns):
+            col = rg.column(j)
+            if col.path_in_schema.split(".")[0] in wanted:
+                width += col.total_uncompressed_size
+    if not rows or not width:
+        return PARQUET_BATCH_ROWS
+    return int(max(1024, min(PARQUET_BATCH_ROWS, PARQUET_BATCH_BYTES * rows // width)))
 
 
 class SchemaError(ValueError):
@@ -75,7 +96,8 @@ def open_batches(data, columns: list[str] | None = None, batch_rows: int | None 
             import pyarrow.dataset as ds
 
             dataset = ds.dataset(path, format="parquet")
-            scan = ds.ParquetFragmentScanOptions(pre_buffer=False)
+            scan = ds.ParquetFragmentScanOptions(pre_buffer=False, use_buffered_stream=True,
+                                                 buffer_size=PARQUET_READ_BYTES)
             schema = dataset.schema if columns is None else pa.schema(
                 [dataset.schema.field(c) for c in columns])
             return schema, iter(dataset.to_batches(
@@ -83,10 +105,14 @@ def open_batches(data, columns: list[str] | None = None, batch_rows: int | None 
                 batch_readahead=1, fragment_readahead=1))
         import pyarrow.parquet as pq   # ~10 MiB of code that only file inputs need
 
-        pf = pq.ParquetFile(path, pre_buffer=False)
+        # column chunks read a buffer at a time: a whole row group's chunks (hundreds of
+        # MiB in a file written with one) are otherwise held at once, out of the budget's
+        # sight; and batches of about PARQUET_BATCH_BYTES, however wide the rows
+        pf = pq.ParquetFile(path, pre_buffer=False, buffer_size=PARQUET_READ_BYTES)
         schema = pf.schema_arrow if columns is None else pa.schema(
             [pf.schema_arrow.field(c) for c in columns])
-        return schema, pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns)
+        return schema, pf.iter_batches(batch_size=_parquet_batch_rows(pf, schema.names),
+                                       columns=columns)
     if isinstance(data, Iterable):
         it = iter(data)
         first = next(it, None)
