@@ -77,6 +77,15 @@ def numeric_values(arr: pa.Array) -> np.ndarray:
     return values.to_numpy(zero_copy_only=False).astype(target, copy=False)
 
 
+def times_counts(x: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Each value times its count; a value counted zero times adds nothing (not the NaN
+    of inf x 0: the row is not there)."""
+    out = x * counts
+    if out.dtype.kind == "f" and not np.isfinite(x).all():
+        out[counts == 0] = 0
+    return out
+
+
 def grouped_sum(x: np.ndarray, bounds: np.ndarray) -> np.ndarray:
     """``x`` summed per group of ``bounds``. Integers by prefix sums differenced at the
     bounds (exact: int64 wraps alike on both sides); floats group by group, since a
@@ -150,10 +159,7 @@ def aggregate(bounds: np.ndarray, vals: pa.Table | None, counts: np.ndarray,
                 out.append(pa.array(limbs_mean(sums, nonnull, arr.type.scale), pa.float64(),
                                     mask=~has))
         elif fn in ("sum", "mean"):
-            # rows not counted add nothing, a NaN or inf among them included
-            x = numeric_values(arr)
-            total = grouped_sum(np.where(valid & (counts != 0), x * counts, 0)
-                                if x.dtype.kind == "f" else x * valid * counts, bounds)
+            total = grouped_sum(times_counts(numeric_values(arr), counts), bounds)
             has = grouped_sum(valid.astype(np.int64), bounds) > 0
             if fn == "mean":
                 with np.errstate(divide="ignore", invalid="ignore"):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from arrangedb.ops.aggregate import (LIMB_SEP, decimal_limbs, int_limbs, numeric_values,
-                                     weigh_limbs)
+                                     times_counts, weigh_limbs)
 from arrangedb.spine import Block, is_constant
 
 
@@ -26,15 +26,6 @@ def _any_below_zero(counts: np.ndarray, unit: int | None, odd: np.ndarray | None
     if unit is None:
         return bool(len(counts)) and int(counts.min()) < 0
     return unit < 0 or (odd is not None and len(odd) and int(counts[odd].min()) < 0)
-
-
-def times_counts(x: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Each value times its count; a value counted zero times adds nothing (not the NaN
-    of inf x 0: the row is not there)."""
-    out = x * counts
-    if out.dtype.kind == "f" and not np.isfinite(x).all():
-        out[counts == 0] = 0
-    return out
 
 
 class KeyPartials:

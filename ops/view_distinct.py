@@ -27,10 +27,11 @@ def distinct_change(view, trace, changes: pa.Table, key_of: np.ndarray,
     named = changes.select(cols)
     changed = named.select(view.val_names)
     stored = rows.select(trace.val_names).rename_columns(view.val_names).cast(changed.schema)
-    if view.val_names:
-        val, row_val = codes([changed, stored], view.val_names)   # comparable, no concatenation
+    if view.val_names:   # comparable codes, no concatenation
+        val, row_val = codes([changed, stored], view.val_names)
     else:   # key-only: a row is its key, every looked-up row the changed row of its key
-        val, row_val = np.zeros(changes.num_rows, np.int64), np.zeros(rows.num_rows, np.int64)
+        val = np.zeros(changes.num_rows, np.int64)
+        row_val = np.zeros(rows.num_rows, np.int64)
     after = _counts_at(key_of, val, rows.column("query_index").to_numpy(), row_val,
                        rows.column("count").to_numpy())
     d = changes.column("diff").to_numpy()

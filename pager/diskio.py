@@ -106,11 +106,11 @@ class DiskIO:
             os.close(fd)
 
     # -- composed from the operations above ----------------------------------------------
-    def make_dirs(self, path: str) -> None:
-        """Create the directory ``path`` and its missing parents, each one's entry made
-        durable in its parent (fsync'd) as it is made; ``path``'s entry is fsync'd even
-        when it was there already (made just before, unsynced). Files made durable in
-        ``path`` then survive power loss with it: ``os.makedirs`` fsyncs nothing."""
+    def make_dirs(self, path: str, mode: int = 0o777, durable: bool = True) -> None:
+        """Create the directory ``path`` and its missing parents (``mode``). ``durable``:
+        each new level's entry is fsync'd in its parent as it is made, and ``path``'s
+        even when it was there already (made just before, unsynced), so that files made
+        durable in ``path`` survive power loss with it (``os.makedirs`` fsyncs nothing)."""
         path = os.path.abspath(path)
         missing, level = [], path
         while not os.path.isdir(level):
@@ -118,14 +118,16 @@ class DiskIO:
             if os.path.dirname(level) == level:
                 break
             level = os.path.dirname(level)
-        for d in reversed(missing) if missing else [path]:
-            if d in missing:
-                try:
-                    self.mkdir(d)
-                except FileExistsError:   # made meanwhile by another writer: fine
-                    if not os.path.isdir(d):
-                        raise
-            self.fsync_dir(os.path.dirname(d))
+        for d in reversed(missing):
+            try:
+                self.mkdir(d, mode)
+            except FileExistsError:   # made meanwhile by another writer: fine
+                if not os.path.isdir(d):
+                    raise
+            if durable:
+                self.fsync_dir(os.path.dirname(d))
+        if durable and not missing:
+            self.fsync_dir(os.path.dirname(path))
 
     def write_all(self, fd: int, data, offset: int) -> None:
         view = memoryview(data).cast("B")

@@ -26,6 +26,7 @@ import weakref
 
 import psutil
 
+from arrangedb.pager.diskio import disk
 from arrangedb.pager.errors import SpillError
 
 PREFIX = "arrangedb-"
@@ -38,24 +39,6 @@ def _start_time(pid: int) -> float | None:
         return psutil.Process(pid).create_time()
     except (psutil.Error, OSError):
         return None
-
-
-def _make_private_dirs(path: str) -> None:
-    """Create ``path`` and its missing parents, each 0700 (``os.makedirs`` gives the
-    parents the umask's mode)."""
-    missing = []
-    while not os.path.isdir(path):
-        missing.append(path)
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    for p in reversed(missing):
-        try:
-            os.mkdir(p, 0o700)
-        except FileExistsError:
-            if not os.path.isdir(p):
-                raise
 
 
 def remove_stale(root: str) -> list[str]:
@@ -122,7 +105,9 @@ class SpillDirectory:
                              f"spill directory root {self.root!r} is not a directory "
                              f"(set spill_dir= or {ENV_VAR})")
         try:
-            _make_private_dirs(self.root)
+            # 0700 each (os.makedirs gives the parents the umask's mode); a spill
+            # directory outlives no crash, so nothing is fsync'd
+            disk().make_dirs(self.root, 0o700, durable=False)
         except OSError as e:
             raise SpillError(e.errno, f"spill directory root {self.root!r} cannot be created: "
                                       f"{e.strerror} (set spill_dir= or {ENV_VAR})") from e

@@ -40,6 +40,7 @@ from arrangedb.pager import ManifestError, disk, leased
 MANIFEST = "_arrangedb_dataset.json"
 LOCK = "_arrangedb_dataset.lock"
 FORMAT = 2
+_ATTEMPT = re.compile(r"^c(\d{6,})-")   # an attempt's entry: cVVVVVV-aTTTT, or a routed file
 _REQUIRED = ("format", "key", "vals", "num_partitions", "schema", "version", "since",
              "batch_ids", "commits")   # what every manifest of this format holds
 
@@ -151,22 +152,29 @@ def writer(path: str):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def _attempts(path: str):
+    """Every entry a task attempt wrote under the partitions: (its path relative to the
+    dataset, the commit version its name carries)."""
+    for part in os.listdir(path):
+        if not part.startswith("part-") or not os.path.isdir(os.path.join(path, part)):
+            continue
+        for d in os.listdir(os.path.join(path, part)):
+            found = _ATTEMPT.match(d)
+            if found:
+                yield f"{part}/{d}", int(found.group(1))
+
+
 def remove_attempts(path: str, version: int, keep) -> None:
     """Remove the directories written for commit ``version`` that ``keep`` does not name."""
     keep = set(keep)
-    prefix = attempt_prefix(version)
-    for part in os.listdir(path):
-        if not part.startswith("part-"):
-            continue
-        for d in os.listdir(os.path.join(path, part)):
-            rel = f"{part}/{d}"
-            if d.startswith(prefix) and rel not in keep:
-                full = os.path.join(path, rel)
-                if os.path.isdir(full):
-                    shutil.rmtree(full, ignore_errors=True)
-                else:   # a routed file of the cold path (parquet_source)
-                    with contextlib.suppress(FileNotFoundError):
-                        os.remove(full)
+    for rel, v in _attempts(path):
+        if v == version and rel not in keep:
+            full = os.path.join(path, rel)
+            if os.path.isdir(full):
+                shutil.rmtree(full, ignore_errors=True)
+            else:   # a routed file of the cold path (parquet_source)
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(full)
 
 
 def commit(path: str, m: dict, reports, times: list[int], batch_id=None,
@@ -207,23 +215,12 @@ def commit(path: str, m: dict, reports, times: list[int], batch_id=None,
     return new
 
 
-_ATTEMPT = re.compile(r"^c(\d{6})-a\d+$")
-
-
 def _unnamed(path: str, m: dict) -> list[str]:
     """The attempt directories of commits through ``m``'s version that it does not name
     (what a compaction replaced while a reader held it)."""
     named = {d for c in m["commits"] for d in c["parts"].values()}
-    out = []
-    for part in os.listdir(path):
-        if not part.startswith("part-") or not os.path.isdir(os.path.join(path, part)):
-            continue
-        for d in os.listdir(os.path.join(path, part)):
-            found = _ATTEMPT.match(d)
-            rel = f"{part}/{d}"
-            if found and int(found.group(1)) <= m["version"] and rel not in named:
-                out.append(rel)
-    return out
+    return [rel for rel, v in _attempts(path) if v <= m["version"] and rel not in named
+            and os.path.isdir(os.path.join(path, rel))]
 
 
 def _remove_unread(path: str, dirs) -> None:

@@ -84,6 +84,12 @@ def updates_in(entries: list[dict]) -> int:
 # -- what a trace knows of its checkpoint directory -----------------------------------------
 
 
+def _new_token() -> str:
+    """The random part of a writer's file names: 64 bits, so that no two writers of a
+    directory ever pick the same names."""
+    return secrets.token_hex(8)
+
+
 @dataclass
 class CheckpointState:
     """A trace's tie to its checkpoint directory: the version it continues, the writer
@@ -99,7 +105,7 @@ class CheckpointState:
     held: list = field(default_factory=list)       # leases on directories left behind
     entry_json: dict = field(default_factory=dict)  # file -> its entry, encoded
     staged: int = 0   # page files inserts wrote into ``path`` (:meth:`stage_writer`)
-    token: str = field(default_factory=lambda: _new_token())
+    token: str = field(default_factory=_new_token)
 
     def stage_writer(self) -> PageWriter:
         """A page writer for a run an insert writes while this trace is the directory's
@@ -128,12 +134,6 @@ class CheckpointState:
         if self.lock is not None:
             self.lock.release()
             self.lock = None
-
-
-def _new_token() -> str:
-    """The random part of a writer's file names: 64 bits, so that no two writers of a
-    directory ever pick the same names."""
-    return secrets.token_hex(8)
 
 
 def identity(path: str) -> tuple:
