@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -55,8 +56,11 @@ def env():
                 arrange_df(customers, "customer_id", path=os.path.join(tmp, "customers"),
                            num_partitions=parts))
     expected = _expected(files)
-    yield spark, orders, customers, arranged, parts, expected
-    spark.stop()
+    try:
+        yield spark, orders, customers, arranged, parts, expected
+    finally:
+        spark.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
     _report()
 
 
