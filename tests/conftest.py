@@ -140,7 +140,7 @@ def small_disk(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def spark():
+def spark(tmp_path_factory):
     """The Spark session of the Spark test modules: one local[2] session, started by the
     first module that needs it and shared by the others (``getOrCreate``: a SparkContext
     costs seconds to start and only one runs per JVM). A module that stops it (a
@@ -151,4 +151,7 @@ def spark():
         pytest.skip("Spark needs Java 17 (see `make java`)")
     from arrangedb.spark_integration import local_session
 
-    return local_session("local[2]", memory_budget="64MiB")
+    # Spark's catalog otherwise makes ./spark-warehouse in whatever folder pytest runs in
+    warehouse = str(tmp_path_factory.mktemp("spark-warehouse"))
+    return local_session("local[2]", memory_budget="64MiB",
+                         extra={"spark.sql.warehouse.dir": warehouse})
