@@ -235,6 +235,9 @@ class RunBuilder:
                         to_merge = self.merged_ahead(total_rows, row_bytes, run_bytes)
                 batches = itertools.chain([first] if first is not None else [], stream)
             for rb in pieces(batches, max(run_bytes, 1)):   # cut below, where runs end
+                # a plan being read holds more as it goes (its readers' decoded parts):
+                # the run keeps to what they leave free
+                run_bytes = min(run_bytes, self.run_bytes(size))
                 upd = to_updates(rb, cols, self.key_schema, self.val_schema, lower)
                 if lower and cols.time and len(upd) and int(upd.times.min()) < lower:
                     raise ValueError(
@@ -323,9 +326,11 @@ class RunBuilder:
         runs = max(1, self.ctx.read_fan_in // 2)
         return max(_SPREAD_RUN_BYTES, 2 * whole // (2 * runs - 1) + 1)
 
-    def run_bytes(self) -> int:
+    def run_bytes(self, own: int = 0) -> int:
         """What the next run's sort may hold (:func:`sort_cost`): half the budget, less
-        when other holders leave less than that free, never less than a part. Fewer,
+        when other holders leave less than that free (three quarters of it: they may grow
+        while the run sorts; ``own``: what of the budget's holdings is the run's own
+        buffer), never less than a part. Fewer,
         longer runs mean less merging down to the read fan-in: at 512 MiB, 40M rows of
         (int64, float64) sort into 16 runs, all read as they are (fan-in 16)."""
         if self.ctx.run_bytes:
@@ -333,7 +338,8 @@ class RunBuilder:
         budget = self.ctx.budget
         if budget is None:
             return 512 << 20
-        return max(self.ctx.part_bytes, min(budget.limit // RUN_SHARE, budget.limit - budget.held))
+        return max(self.ctx.part_bytes,
+                   min(budget.limit // RUN_SHARE, (budget.limit - budget.held + own) * 3 // 4))
 
     def seal(self, buffered: list[Updates], reserved: int, resident: bool = False,
              max_resident: int | None = None, new_writer=None, alone: bool = False,
