@@ -55,6 +55,9 @@ def output_chunks(sizes: np.ndarray, batch_rows: int) -> Iterator[tuple[np.ndarr
         yield group, pos
 
 
+MIN_KEYS_PER_STEP = 256   # a lookup of fewer keys costs its visit of every part
+
+
 def check_batch_rows(batch_rows: int) -> int:
     if not isinstance(batch_rows, (int, np.integer)) or batch_rows <= 0:
         raise ValueError(f"batch_rows must be a positive int, got {batch_rows!r}")
@@ -80,6 +83,23 @@ def rows_within_bytes(batch_rows: int, traces) -> int:
         return batch_rows
     width = 16 + sum(payload_per_update(t.batches()) for t in traces)
     return max(1, min(batch_rows, int(cap // width)))
+
+
+def keys_within_bytes(keys_per_step: int, traces) -> int:
+    """``keys_per_step``, fewer when the rows of that many keys in each of ``traces`` (a
+    key's rows: the trace's updates over the keys of its largest batch, each its stored
+    data and two 8-byte columns) would outgrow an operator buffer: steps over keys of
+    large groups take fewer keys, not more memory."""
+    cap = operator_buffer_bytes(traces[0])
+    per_key = 0.0
+    for t in traces:
+        batches = t.batches()
+        keys = max((b.num_keys for b in batches), default=0)
+        if keys:
+            per_key += sum(len(b) for b in batches) / keys * (16 + payload_per_update(batches))
+    if cap is None or not per_key:
+        return keys_per_step
+    return min(keys_per_step, max(MIN_KEYS_PER_STEP, int(cap // per_key)))
 
 
 def check_time(name: str, value) -> None:

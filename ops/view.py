@@ -18,8 +18,9 @@ How a change is computed, by the plan's shape:
     touch are looked up in the inputs (a batched, sorted lookup), the same operator runs
     over just those keys' rows, and the view's old rows of those keys are retracted and
     the new ones inserted -- what differential dataflow's ``reduce`` does. Cost follows
-    the touched keys' groups, not the inputs' size; the touched keys go 32,768 at a
-    time, in key order.
+    the touched keys' groups, not the inputs' size. The changes are read a piece of
+    whole keys at a time, in key order, and the touched keys go up to 32,768 a step,
+    fewer when their groups are large (an operator buffer's worth of rows a step).
 ``stored aggregates``
     ``reduce`` with counts, and sums, means, minimums and maximums of numbers, and
     counts of distinct values: most keys' new rows come from their stored rows, the
@@ -40,7 +41,7 @@ How a change is computed, by the plan's shape:
     aggregates; a group whose count reaches zero is retracted.
 ``whole``
     Any other plan: it runs again and the difference from the view's contents is
-    inserted. Correct for every plan; as costly as the plan; exact at the latest time of
+    inserted (both streamed into the view's runs). Correct for every plan; as costly as the plan; exact at the latest time of
     each refresh (earlier times of one refresh fold onto it). ``stats()["refresh_kind"]``
     says which a view uses.
 """
@@ -51,12 +52,13 @@ import numpy as np
 import pyarrow as pa
 
 from arrangedb.ops import plan as _plan
-from arrangedb.ops.common import names
+from arrangedb.ops.common import keys_within_bytes, names
 from arrangedb.ops.planner import params
 from arrangedb.ops.reduce import reduce_of_keys
 from arrangedb.ops.view_delta import (DIFF, VIEW_TIME, as_retractions, at_time,
-                                      at_time_table, by_time, changed_only, delta_schema,
-                                      key_steps, plain_field, queries_rows, step_bounds)
+                                      at_time_table, change_chunks, change_times,
+                                      changed_only, delta_schema, key_steps, plain_field,
+                                      queries_rows, step_bounds)
 from arrangedb.ops.view_linear import apply_linear, summed_nulls
 from arrangedb.ops.view_kind import checked_aggs, default_key, kind_of, traces_of
 from arrangedb.ops.view_reduce import stored_delta
@@ -65,7 +67,7 @@ from arrangedb.ops.view_state import ReduceState, buildable, needs_state
 from arrangedb.ops.view_top_k import recomputed_top_k, stored_top_k
 from arrangedb.spine import Columns, Trace, roles
 
-KEYS_PER_STEP = 1 << 15   # touched keys looked up and recomputed at once (bounds memory)
+KEYS_PER_STEP = 1 << 15   # touched keys looked up and recomputed at once, at most
 
 
 class View(Trace):
@@ -217,33 +219,40 @@ class View(Trace):
                 return
             self.kind = "whole"   # for good: a group of nulls alone sums to null
         if self.kind == "whole":   # exact at upper - 1; earlier times fold onto it
-            self.insert_delta(self._whole_delta(), upper - 1)
+            self._insert_whole(upper - 1)
             return
-        changes = [t.changes(lower, upper).read_all() for t in self.inputs]
-        for t, at_t in by_time(changes):
-            if sum(c.num_rows for c in at_t) == 0:
-                continue
-            out = self.appender(resident=True)   # one time, many steps: sorted as they come
+        # time by time (a later time's change reads the view's rows of the one before),
+        # and within a time, the changes a piece of whole keys at a time
+        step = keys_within_bytes(KEYS_PER_STEP, list(self.inputs) + [self])
+        schema = delta_schema(self)
+        for t in change_times(list(self.inputs), lower, upper):
+            def deltas(t=t):
+                for chunk in change_chunks(list(self.inputs), t, step):
+                    for delta in self._deltas(chunk, t, step):
+                        if delta is not None and delta.num_rows:
+                            yield from at_time_table(delta.cast(schema), t).to_batches()
+            # one stream of a time's steps: sorted into runs as large as the budget lets
+            out = self.appender(resident=True)
             try:
-                for delta in self._deltas(at_t, t):
-                    if delta is not None and delta.num_rows:
-                        out.add(at_time_table(delta, t), time=VIEW_TIME, diff=DIFF)
+                out.add(pa.RecordBatchReader.from_batches(
+                    schema.append(pa.field(VIEW_TIME, pa.uint64())), deltas()),
+                    time=VIEW_TIME, diff=DIFF)
                 out.finish()
             except BaseException:
                 out.abort()
                 raise
 
-    def _deltas(self, changes: list[pa.Table], time: int):
+    def _deltas(self, changes: list[pa.Table], time: int, keys_per_step: int):
         """The view's change at ``time`` from its inputs' ``changes`` at that time, in
-        pieces of about ``KEYS_PER_STEP`` touched keys."""
+        pieces of about ``keys_per_step`` touched keys."""
         p = params(self.plan._node)
         if self.kind == "changed rows":   # distinct: rows whose count crosses zero
-            for step in key_steps(changes[0], self.key_names, KEYS_PER_STEP):
+            for step in key_steps(changes[0], self.key_names, keys_per_step):
                 yield distinct_change(self, self.inputs[0], *step, time)
             return
         if self.kind == "stored top k":   # most keys from their stored first k
             top = (p["k"], names(p["by"]), p["descending"])
-            for step in key_steps(changes[0], self.key_names, KEYS_PER_STEP):
+            for step in key_steps(changes[0], self.key_names, keys_per_step):
                 kept, slow, kept_keys = stored_top_k(self, *top, *step)
                 self.keys_from_state += kept_keys
                 self.keys_recomputed += slow.num_rows
@@ -260,7 +269,7 @@ class View(Trace):
         else:
             keys = self._touched_keys(changes)
         self.keys_recomputed += keys.num_rows
-        for lo, hi in step_bounds(keys.num_rows, KEYS_PER_STEP):
+        for lo, hi in step_bounds(keys.num_rows, keys_per_step):
             yield self._per_key_delta(keys.slice(lo, hi - lo), time,
                                       queries_rows(stored, lo, hi - lo))
 
@@ -347,10 +356,27 @@ class View(Trace):
                                 self.key_names + self.val_names)
         return pa.concat_tables([old, new])
 
-    def _whole_delta(self) -> pa.Table:
-        new = self._new_rows(self.plan.read_all()).cast(delta_schema(self))
-        old = as_retractions(Trace.snapshot(self).read_all(), self.key_names + self.val_names)
-        return pa.concat_tables([old, new])
+    def _insert_whole(self, time: int) -> None:
+        """Run the plan again and insert at ``time`` its rows less the view's: both are
+        streamed into the view's runs, which consolidate them (nothing held whole)."""
+        cols = self.key_names + self.val_names
+        schema = delta_schema(self).append(pa.field(VIEW_TIME, pa.uint64()))
+
+        def rows():
+            for b in self.plan.to_reader():
+                yield from at_time_table(self._new_rows(pa.Table.from_batches([b]))
+                                         .cast(delta_schema(self)), time).to_batches()
+            for b in Trace.snapshot(self):
+                yield from at_time_table(as_retractions(pa.Table.from_batches([b]), cols),
+                                         time).cast(schema).to_batches()
+        out = self.appender()   # as large as the plan's output: not kept in memory
+        try:
+            out.add(pa.RecordBatchReader.from_batches(schema, rows()), time=VIEW_TIME,
+                    diff=DIFF)
+            out.finish()
+        except BaseException:
+            out.abort()
+            raise
 
     # -- reads refresh first ----------------------------------------------------------
     def check_read_time(self, at):

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from arrangedb.spine import absolute_codes, codes, is_absolute
+from arrangedb.spine import absolute_codes, co_blocks, codes, is_absolute, roles
 
 DIFF = "__view_diff"
 VIEW_TIME = "__view_time"
@@ -31,16 +31,48 @@ def delta_schema(view) -> pa.Schema:
     return pa.schema(fields + [pa.field(DIFF, pa.int64())])
 
 
-def by_time(changes: list[pa.Table]):
-    """(time, the changes at that time) for every time some change holds, in order."""
-    times = np.concatenate([c.column("time").to_numpy() for c in changes]
-                           or [np.zeros(0, np.uint64)])
-    if len(times) and times.min() == times.max():   # one insert since the last refresh
-        yield int(times[0]), changes
-        return
-    for t in np.unique(times).tolist():
-        yield t, [c.filter(pc.equal(c.column("time"), pa.scalar(t, pa.uint64())))
-                  for c in changes]
+def change_times(traces: list, lower: int, upper: int) -> list[int]:
+    """The times in ``[lower, upper)`` at which the traces hold changes, in order. One
+    time is possible when ``upper = lower + 1`` (a refresh after each insert); else the
+    changes are read once for their times alone."""
+    if upper - lower == 1:
+        return [lower]
+    seen = [np.zeros(0, np.uint64)]
+    for step in co_blocks(traces, changes=(lower, upper)):
+        seen += [np.unique(b.times) for b in step if len(b)]
+    return np.unique(np.concatenate(seen)).tolist()
+
+
+def change_chunks(traces: list, time: int, keys_per_chunk: int):
+    """The traces' changes at ``time`` (a table each: key, vals, ``time``, ``diff``, as
+    ``Trace.changes`` gives them) in pieces of whole keys, read as they are used: each
+    piece covers one key range of every trace and holds about ``keys_per_chunk`` keys,
+    fewer when its rows reach a sixteenth of the budget. What bounds a refresh's memory
+    however large the changes are."""
+    schemas = [t.output_schema(roles.time_field("time"), roles.weight_field("diff"))
+               for t in traces]
+    budget = traces[0].ctx.budget
+    max_bytes = budget.limit // 16 if budget is not None else 64 << 20
+    pending: list[list[pa.RecordBatch]] = [[] for _ in traces]
+    keys = held = 0
+    for step in co_blocks(traces, changes=(time, time + 1)):
+        for got, b, schema in zip(pending, step, schemas):
+            if len(b):
+                got.append(_change_batch(b, schema))
+                held += got[-1].nbytes
+        keys += max(b.num_keys for b in step)
+        if keys >= keys_per_chunk or held >= max_bytes:
+            yield [pa.Table.from_batches(p, schema) for p, schema in zip(pending, schemas)]
+            pending, keys, held = [[] for _ in traces], 0, 0
+    if keys:
+        yield [pa.Table.from_batches(p, schema) for p, schema in zip(pending, schemas)]
+
+
+def _change_batch(b, schema: pa.Schema) -> pa.RecordBatch:
+    cols = list(b.row_keys().columns) + (list(b.vals.columns) if b.vals is not None else [])
+    cols = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in cols]
+    return pa.RecordBatch.from_arrays(cols + [pa.array(b.times), pa.array(b.counts)],
+                                      schema=schema)
 
 
 def key_steps(changes: pa.Table, keys: list[str], keys_per_step: int):

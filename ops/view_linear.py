@@ -16,11 +16,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from arrangedb.ops.common import names
 from arrangedb.ops.aggregate import decimal_limbs, limbs_to_decimal
 from arrangedb.ops.group_by import group_by
 from arrangedb.ops.join import join
 from arrangedb.ops.planner import coded_group_columns, params
-from arrangedb.ops.view_delta import DIFF, as_retractions, by_time, delta_schema
+from arrangedb.ops.view_delta import DIFF, as_retractions, delta_schema
 from arrangedb.spine import Trace
 
 
@@ -32,18 +33,32 @@ def apply_linear(view, lower: int, upper: int) -> bool:
     j = params(g["stream"]._node)
     # string group columns as codes, as the planner reads them for the plan itself
     changes = join(j["left"], j["right"], since=lower, upto=upper,
-                   read_dictionary=coded_group_columns(g, j) or None).read_all()
-    if any(changes.column(c).null_count or _non_finite_retracted(changes, c)
-           for c in summed(g["aggs"])):
+                   read_dictionary=coded_group_columns(g, j) or None)
+    columns = summed(g["aggs"])
+
+    def checked():   # the joined changes streamed into the grouping, never held whole
+        for b in changes:
+            if any(b.column(c).null_count or _non_finite_retracted(b, c) for c in columns):
+                raise _NotFromChanges
+            yield b
+    try:   # grouped by time too: each time's change per group at once
+        grouped = group_by(pa.RecordBatchReader.from_batches(changes.schema, checked()),
+                           names(g["by"]) + ["time"], g["aggs"], weight="diff",
+                           engine=g["engine"]).read_all()
+    except _NotFromChanges:
         return False
-    for t, (at_t,) in by_time([changes]):
-        delta = group_by(at_t.drop_columns(["time"]), g["by"], g["aggs"],
-                         weight="diff", engine=g["engine"]).read_all()
+    times = grouped.column("time").to_numpy()
+    for t in np.unique(times).tolist():
+        delta = grouped.filter(pa.array(times == t)).drop_columns(["time"])
         delta = delta.cast(pa.schema([view.key_schema.field(f.name)
                                       if f.name in view.key_names else f
                                       for f in delta.schema]))
         view.insert_delta(added(view, delta, g["aggs"]), t)
     return True
+
+
+class _NotFromChanges(Exception):
+    """A summed column's change holds a null or retracts a NaN or inf."""
 
 
 def added(view, delta: pa.Table, aggs: dict) -> pa.Table | None:
@@ -84,7 +99,7 @@ def _plus(a: pa.Array, b: pa.Array) -> pa.Array:
     return limbs_to_decimal([x + y for x, y in zip(la, lb)], a.type)
 
 
-def _non_finite_retracted(changes: pa.Table, column: str) -> bool:
+def _non_finite_retracted(changes: pa.RecordBatch, column: str) -> bool:
     col = changes.column(column)
     if not pa.types.is_floating(col.type) or not len(col):
         return False
