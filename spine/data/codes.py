@@ -236,7 +236,11 @@ def sorted_row_starts(table: pa.Table) -> np.ndarray:
             continue    # nulls only: every row alike
         col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
         a, b = col.slice(1), col.slice(0, n - 1)
-        ne = pc.not_equal(a, b).fill_null(False).to_numpy(zero_copy_only=False)
+        if pa.types.is_floating(col.type):   # as sorted: -0.0 before 0.0, NaN equal to NaN
+            c = _column_values(col)
+            ne = c[1:] != c[:-1]
+        else:
+            ne = pc.not_equal(a, b).fill_null(False).to_numpy(zero_copy_only=False)
         if col.null_count:
             ne |= (a.is_null().to_numpy(zero_copy_only=False)
                    != b.is_null().to_numpy(zero_copy_only=False))
@@ -262,9 +266,15 @@ def count_le(sorted_keys: pa.Table, bound: pa.Table) -> int:
     eq = np.ones(n, dtype=bool)       # equal on every column so far
     for name, b in zip(names, bound.columns):
         col = sorted_keys.column(name)
-        scalar = b[0]
-        lt = pc.less(col, scalar).to_numpy(zero_copy_only=False)
-        e = pc.equal(col, scalar).to_numpy(zero_copy_only=False)
+        if pa.types.is_floating(col.type):   # in the sort's total order, not IEEE equality
+            c, bc = _column_values(col), _column_values(b)[0]
+            lt, e = c < bc, c == bc
+        else:
+            scalar = b[0]
+            lt = pc.less(col, scalar).to_numpy(zero_copy_only=False)
+            e = pc.equal(col, scalar).to_numpy(zero_copy_only=False)
         le |= eq & lt
         eq &= e
-    return int(np.count_nonzero(le | eq))
+    # the rows <= bound are a prefix of sorted keys: its length is the first row past it
+    past = np.flatnonzero(~(le | eq))
+    return int(past[0]) if len(past) else n
