@@ -275,8 +275,13 @@ class Trace:
     def changes(self, since: int, upto: int | None = None) -> pa.RecordBatchReader:
         """Consolidated updates with ``since <= time < upto``: key, vals, time, diff."""
         self._check_open()
+        for name, value in (("since", since), ("upto", upto)):
+            if value is not None and (not isinstance(value, (int, np.integer)) or value < 0):
+                raise ValueError(f"{name}={value!r}: times are non-negative ints")
         frontier = self.spine.since
-        if frontier and (since and since < frontier or upto is not None and upto <= frontier):
+        # the changes since ``since`` are told from the state at since - 1: a time the
+        # trace still distinguishes only at or after the frontier
+        if frontier and (since and since <= frontier or upto is not None and upto <= frontier):
             raise ValueError(f"changes({since}, {upto}) reaches before the logical compaction "
                              f"frontier {frontier}: those times have been compacted away")
         schema = self.output_schema(roles.time_field("time"), roles.weight_field("diff"))

@@ -367,7 +367,15 @@ def _times(batch, name, n, default) -> np.ndarray:
     if pa.types.is_signed_integer(col.type) and n and pc.min(col).as_py() < 0:
         raise SchemaError(f"time column {name!r} holds negative times "
                           f"(min {pc.min(col).as_py()}); times are unsigned")
-    return col.to_numpy().astype(np.uint64, copy=False)
+    times = col.to_numpy().astype(np.uint64, copy=False)
+    if col.type == pa.uint64() and n and int(times.max()) == LAST_TIME:
+        raise SchemaError(f"time column {name!r} holds {LAST_TIME}, the largest uint64: "
+                          "times go up to 2**64 - 2 (a trace's upper frontier is its last "
+                          "time + 1)")
+    return times
+
+
+LAST_TIME = (1 << 64) - 1
 
 
 def _diffs(batch, name, n, default) -> np.ndarray:

@@ -138,3 +138,35 @@ def test_the_upper_frontier_survives_a_checkpoint(tmp_path):
             loaded.insert(_rows(rng, 10, t=12), time="t")
         loaded.insert(_rows(rng, 10))
         assert loaded.upper() == 14
+
+
+def test_changes_are_refused_from_the_compaction_frontier_on_down(tmp_path):
+    """changes(since=F) needs the state at F - 1, which compaction to F folded onto F."""
+    with arrangedb.Engine(spill_dir=tmp_path, memory_budget="64MiB") as e:
+        t = e.arrange(pa.table({"k": [1, 2, 3], "t": pa.array([0, 1, 2], pa.uint64())}),
+                      key=["k"], time="t")
+        h = t.handle()
+        h.set_logical_compaction(2)
+        h.set_physical_compaction(2)
+        t.merge_all()
+        for since in (1, 2):
+            with pytest.raises(ValueError, match="compaction frontier 2"):
+                t.changes(since, 3)
+        assert t.changes(3, 4).read_all().num_rows == 0
+        whole = t.changes(0, 3).read_all()   # from the start: everything, at the frontier
+        assert sorted(whole.column("k").to_pylist()) == [1, 2, 3]
+        with pytest.raises(ValueError, match="since=-1"):
+            t.changes(-1)
+
+
+def test_the_largest_time_is_refused_and_the_trace_goes_on(tmp_path):
+    """An update at 2**64 - 1 would move the upper frontier past what a time holds."""
+    with arrangedb.Engine(spill_dir=tmp_path, memory_budget="64MiB") as e:
+        t = e.arrange(pa.table({"k": [1], "v": [1]}), key=["k"])
+        last = pa.array([2**64 - 1], pa.uint64())
+        with pytest.raises(arrangedb.SchemaError, match="largest uint64"):
+            t.insert(pa.table({"k": [2], "v": [2], "t": last}), time="t")
+        t.insert(pa.table({"k": [2], "v": [2], "t": pa.array([2**64 - 2], pa.uint64())}),
+                 time="t")
+        assert t.upper() == 2**64 - 1
+        assert t.snapshot().read_all().num_rows == 2
