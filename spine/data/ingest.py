@@ -320,14 +320,35 @@ def target_schemas(schema: pa.Schema, cols: Columns) -> tuple[pa.Schema, pa.Sche
 
 
 def cast_column(col, field: pa.Field, what: str, whose: str = "the arrangement's"):
-    """``col`` as ``field``'s type, or a SchemaError naming the column and both types."""
+    """``col`` as ``field``'s type, or a SchemaError naming the column and both types.
+    Only a widening within one kind of value converts (integers of another width, an
+    integer or float into a float, another string, decimal, date or timestamp type),
+    and only where every value fits: a string of digits is not an integer, nor a bool a
+    string, whatever the values happen to be."""
     if col.type == field.type:
         return col
+    mismatch = SchemaError(f"{what} {field.name!r} has type {col.type}, {whose} is "
+                           f"{field.type}")
+    if not _same_kind(col.type, field.type):
+        raise mismatch
     try:
-        return col.cast(field.type)
+        return col.cast(field.type)   # safe: a value that does not fit raises
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-        raise SchemaError(f"{what} {field.name!r} has type {col.type}, {whose} is "
-                          f"{field.type}") from e
+        raise mismatch from e
+
+
+_KINDS = (pa.types.is_integer, pa.types.is_decimal, pa.types.is_date,
+          pa.types.is_timestamp, pa.types.is_time, pa.types.is_duration,
+          lambda t: pa.types.is_string(t) or pa.types.is_large_string(t),
+          lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t))
+
+
+def _same_kind(src: pa.DataType, dst: pa.DataType) -> bool:
+    if pa.types.is_null(src):   # a column of nulls only
+        return True
+    if pa.types.is_floating(dst):
+        return pa.types.is_floating(src) or pa.types.is_integer(src)
+    return any(kind(src) and kind(dst) for kind in _KINDS)
 
 
 def to_updates(batch: pa.RecordBatch, cols: Columns, key_schema: pa.Schema,

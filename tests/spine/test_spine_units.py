@@ -1078,3 +1078,29 @@ def test_a_step_settles_counting_what_it_freed_and_not_when_it_fails(tmp_path, m
             with ctx.settling():
                 raise RuntimeError("the step failed")
         assert asked == [12345]
+
+
+def test_an_insert_of_another_kind_of_value_is_refused_whatever_its_values():
+    """A string of digits is not an integer and a bool is not a string: only a widening
+    within one kind converts, and a refused insert stores nothing."""
+    with arrangedb.Engine(memory_budget="64MiB", idle_merge=False) as e:
+        t = e.arrange(pa.table({"k": pa.array([1, 2], pa.int64()), "s": ["a", "b"],
+                                "x": [0.5, 1.5]}), key=["k"])
+        for bad in ({"k": ["3"], "s": ["c"], "x": [1.0]},
+                    {"k": [True], "s": ["d"], "x": [1.0]},
+                    {"k": pa.array([6], pa.timestamp("s")), "s": ["e"], "x": [1.0]},
+                    {"k": [4], "s": [True], "x": [1.0]},
+                    {"k": [5], "s": [1.5], "x": [1.0]},
+                    {"k": [5], "s": ["f"], "x": ["1.0"]}):
+            with pytest.raises(SchemaError, match="has type .*, the arrangement's is"):
+                t.insert(pa.table(bad))
+        with pytest.raises(SchemaError, match="lookup key column 'k' has type string"):
+            t.lookup(pa.table({"k": ["1"]}))
+        t.insert(pa.table({"k": pa.array([7], pa.int32()), "s": pa.array(["g"], pa.large_string()),
+                           "x": pa.array([3], pa.int64())}))   # widenings convert
+        got = t.snapshot().read_all()
+        assert got.column("k").to_pylist() == [1, 2, 7]
+        assert got.column("x").to_pylist() == [0.5, 1.5, 3.0]
+        with pytest.raises(SchemaError, match="has type int64"):   # does not fit int8
+            e.arrange(pa.table({"k": pa.array([1], pa.int8())}), key=["k"]).insert(
+                pa.table({"k": [300]}))
