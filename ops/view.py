@@ -227,7 +227,7 @@ class View(Trace):
         schema = delta_schema(self)
         for t in change_times(list(self.inputs), lower, upper):
             def deltas(t=t):
-                for chunk in change_chunks(list(self.inputs), t, step):
+                for chunk in change_chunks(list(self.inputs), t):
                     for delta in self._deltas(chunk, t, step):
                         if delta is not None and delta.num_rows:
                             yield from at_time_table(delta.cast(schema), t).to_batches()

@@ -43,28 +43,27 @@ def change_times(traces: list, lower: int, upper: int) -> list[int]:
     return np.unique(np.concatenate(seen)).tolist()
 
 
-def change_chunks(traces: list, time: int, keys_per_chunk: int):
+def change_chunks(traces: list, time: int):
     """The traces' changes at ``time`` (a table each: key, vals, ``time``, ``diff``, as
     ``Trace.changes`` gives them) in pieces of whole keys, read as they are used: each
-    piece covers one key range of every trace and holds about ``keys_per_chunk`` keys,
-    fewer when its rows reach a sixteenth of the budget. What bounds a refresh's memory
-    however large the changes are."""
+    piece covers one key range of every trace, its rows up to a sixteenth of the budget
+    (the caller steps through its keys). What bounds a refresh's memory however large
+    the changes are."""
     schemas = [t.output_schema(roles.time_field("time"), roles.weight_field("diff"))
                for t in traces]
     budget = traces[0].ctx.budget
     max_bytes = budget.limit // 16 if budget is not None else 64 << 20
     pending: list[list[pa.RecordBatch]] = [[] for _ in traces]
-    keys = held = 0
+    held = 0
     for step in co_blocks(traces, changes=(time, time + 1)):
         for got, b, schema in zip(pending, step, schemas):
             if len(b):
                 got.append(_change_batch(b, schema))
                 held += got[-1].nbytes
-        keys += max(b.num_keys for b in step)
-        if keys >= keys_per_chunk or held >= max_bytes:
+        if held >= max_bytes:
             yield [pa.Table.from_batches(p, schema) for p, schema in zip(pending, schemas)]
-            pending, keys, held = [[] for _ in traces], 0, 0
-    if keys:
+            pending, held = [[] for _ in traces], 0
+    if any(pending):
         yield [pa.Table.from_batches(p, schema) for p, schema in zip(pending, schemas)]
 
 
