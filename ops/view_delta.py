@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 from arrangedb.spine import absolute_codes, co_blocks, codes, is_absolute, roles
 
 DIFF = "__view_diff"
+CHUNK_SHARE = 16   # a piece of a refresh's changes holds up to budget / CHUNK_SHARE
 VIEW_TIME = "__view_time"
 
 
@@ -46,13 +47,13 @@ def change_times(traces: list, lower: int, upper: int) -> list[int]:
 def change_chunks(traces: list, time: int):
     """The traces' changes at ``time`` (a table each: key, vals, ``time``, ``diff``, as
     ``Trace.changes`` gives them) in pieces of whole keys, read as they are used: each
-    piece covers one key range of every trace, its rows up to a sixteenth of the budget
-    (the caller steps through its keys). What bounds a refresh's memory however large
+    piece covers one key range of every trace, its rows up to ``CHUNK_SHARE``-th of the
+    budget (the caller steps through its keys). What bounds a refresh's memory however large
     the changes are."""
     schemas = [t.output_schema(roles.time_field("time"), roles.weight_field("diff"))
                for t in traces]
     budget = traces[0].ctx.budget
-    max_bytes = budget.limit // 16 if budget is not None else 64 << 20
+    max_bytes = budget.limit // CHUNK_SHARE if budget is not None else 64 << 20
     pending: list[list[pa.RecordBatch]] = [[] for _ in traces]
     held = 0
     for step in co_blocks(traces, changes=(time, time + 1)):
