@@ -48,8 +48,8 @@ def change_chunks(traces: list, time: int):
     """The traces' changes at ``time`` (a table each: key, vals, ``time``, ``diff``, as
     ``Trace.changes`` gives them) in pieces of whole keys, read as they are used: each
     piece covers one key range of every trace, its rows up to ``CHUNK_SHARE``-th of the
-    budget (the caller steps through its keys). What bounds a refresh's memory however large
-    the changes are."""
+    budget (the caller steps through its keys). What bounds a refresh's memory however
+    large the changes are."""
     schemas = [t.output_schema(roles.time_field("time"), roles.weight_field("diff"))
                for t in traces]
     budget = traces[0].ctx.budget

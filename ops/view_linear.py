@@ -16,8 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from arrangedb.ops.common import names
 from arrangedb.ops.aggregate import decimal_limbs, limbs_to_decimal
+from arrangedb.ops.common import names
 from arrangedb.ops.group_by import group_by
 from arrangedb.ops.join import join
 from arrangedb.ops.planner import coded_group_columns, params
