@@ -35,8 +35,12 @@ def check_window(traces, at, since, upto) -> None:
         raise ValueError("give either at= (a snapshot) or since=/upto= (changes), not both")
     if upto is not None and upto <= since:
         raise ValueError(f"upto={upto} must be greater than since={since}")
-    if since > 0:
+    if since > 0:   # the changes are told from the state at since - 1
         for t in traces:
+            if since <= t.since:
+                raise ValueError(f"since={since} needs the state at {since - 1}, before "
+                                 f"the logical compaction frontier {t.since}: those "
+                                 "times have been compacted away")
             t.check_read_time(since - 1)
 
 

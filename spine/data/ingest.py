@@ -321,20 +321,20 @@ def target_schemas(schema: pa.Schema, cols: Columns) -> tuple[pa.Schema, pa.Sche
 
 def cast_column(col, field: pa.Field, what: str, whose: str = "the arrangement's"):
     """``col`` as ``field``'s type, or a SchemaError naming the column and both types.
-    Only a widening within one kind of value converts (integers of another width, an
+    Only a conversion within one kind of value is made (integers of another width, an
     integer or float into a float, another string, decimal, date or timestamp type),
-    and only where every value fits: a string of digits is not an integer, nor a bool a
+    and only where every value fits exactly: a string of digits is not an integer, nor a bool a
     string, whatever the values happen to be."""
     if col.type == field.type:
         return col
-    mismatch = SchemaError(f"{what} {field.name!r} has type {col.type}, {whose} is "
-                           f"{field.type}")
+    mismatch = f"{what} {field.name!r} has type {col.type}, {whose} is {field.type}"
     if not _same_kind(col.type, field.type):
-        raise mismatch
+        raise SchemaError(mismatch)
     try:
         return col.cast(field.type)   # safe: a value that does not fit raises
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-        raise mismatch from e
+        raise SchemaError(f"{mismatch}, and not all of its values fit that type ({e}); "
+                          f"cast the column first") from e
 
 
 _KINDS = (pa.types.is_integer, pa.types.is_decimal, pa.types.is_date,

@@ -1081,8 +1081,8 @@ def test_a_step_settles_counting_what_it_freed_and_not_when_it_fails(tmp_path, m
 
 
 def test_an_insert_of_another_kind_of_value_is_refused_whatever_its_values():
-    """A string of digits is not an integer and a bool is not a string: only a widening
-    within one kind converts, and a refused insert stores nothing."""
+    """A string of digits is not an integer and a bool is not a string: only values of
+    the trace's kind convert, and a refused insert stores nothing."""
     with arrangedb.Engine(memory_budget="64MiB", idle_merge=False) as e:
         t = e.arrange(pa.table({"k": pa.array([1, 2], pa.int64()), "s": ["a", "b"],
                                 "x": [0.5, 1.5]}), key=["k"])
@@ -1097,10 +1097,10 @@ def test_an_insert_of_another_kind_of_value_is_refused_whatever_its_values():
         with pytest.raises(SchemaError, match="lookup key column 'k' has type string"):
             t.lookup(pa.table({"k": ["1"]}))
         t.insert(pa.table({"k": pa.array([7], pa.int32()), "s": pa.array(["g"], pa.large_string()),
-                           "x": pa.array([3], pa.int64())}))   # widenings convert
+                           "x": pa.array([3], pa.int64())}))   # within a kind: converted
         got = t.snapshot().read_all()
         assert got.column("k").to_pylist() == [1, 2, 7]
         assert got.column("x").to_pylist() == [0.5, 1.5, 3.0]
-        with pytest.raises(SchemaError, match="has type int64"):   # does not fit int8
+        with pytest.raises(SchemaError, match="not all of its values fit"):   # int8
             e.arrange(pa.table({"k": pa.array([1], pa.int8())}), key=["k"]).insert(
                 pa.table({"k": [300]}))
