@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import shutil
+import warnings
 from dataclasses import replace
 
 import pyarrow as pa
@@ -109,16 +110,18 @@ def _inline(m: dict, since: int, upto: int) -> pa.Table | None:
         if "changes" not in c or c["lower"] < since or c["upper"] > upto:
             return None
         tables.append(pa.ipc.open_stream(base64.b64decode(c["changes"])).read_all())
-    return pa.concat_tables(tables) if tables else None
+    # one chunk: Spark's createDataFrame drops the rows after an empty record batch
+    return pa.concat_tables(tables).combine_chunks() if tables else None
 
 
-def _kept_changes(reports) -> str | None:
-    """The view tasks' finished changes, for the manifest, when every task kept them."""
+def _kept_changes(reports, schema: pa.Schema) -> str | None:
+    """The view tasks' finished changes, for the manifest, when every task kept them.
+    No reports (a step whose join changed nothing: no task got a partial) keep none."""
     blobs = [r["changes"] for r in reports]
     if any(b is None for b in blobs):
         return None
-    tables = [pa.ipc.open_stream(b).read_all() for b in blobs]
-    table = pa.concat_tables(tables)
+    table = pa.concat_tables([schema.empty_table()]
+                             + [pa.ipc.open_stream(b).read_all() for b in blobs]).combine_chunks()
     if table.num_rows > INLINE_ROWS:
         return None
     sink = pa.BufferOutputStream()
@@ -183,7 +186,7 @@ def _step(spark, spec: ViewSpec, m: dict, left, right, n: int) -> dict:
         raise
     reports = [r.asDict() for r in reports]
     return dataset.commit(spec.root, m, reports, sorted({floor, upto - 1}),
-                          entry={"changes": _kept_changes(reports)},
+                          entry={"changes": _kept_changes(reports, spec.out_schema)},
                           inputs={"left": dataset.through(ml), "right": dataset.through(mr)})
 
 
@@ -217,13 +220,25 @@ def fusable(ds, m: dict, path: str, vm: dict, time: int, cfg, metrics):
 def commit_fused(ds_path: str, m: dict, path: str, vm: dict, spec: ViewSpec, side: str,
                  rows, times, batch_id) -> dict:
     """Commit the dataset's write, then the view's step (its inputs: the new version of
-    the written side, the other as it was)."""
+    the written side, the other as it was).
+
+    Once the dataset's commit has landed the write is done: raising then would tell the
+    caller it failed, and a retry would write it twice. So the view's entry is prepared
+    before it, and a view commit that still fails only leaves the view behind (its next
+    read steps it), with a warning."""
     written = [r for r in rows if r["target"] == "dataset"]
     stepped = [r for r in rows if r["target"] == "view"]
+    entry = {"changes": _kept_changes(stepped, spec.out_schema)}
     new_m = dataset.commit(ds_path, m, written, times, batch_id=batch_id)
     inputs = dict(vm["inputs"], **{side: dataset.through(new_m)})
-    dataset.commit(path, vm, stepped, sorted({spec.step_since, spec.step_upto - 1}),
-                   entry={"changes": _kept_changes(stepped)}, inputs=inputs)
+    try:
+        dataset.commit(path, vm, stepped, sorted({spec.step_since, spec.step_upto - 1}),
+                       entry=entry, inputs=inputs)
+    except Exception as e:   # noqa: BLE001 -- the write is committed whatever this was
+        warnings.warn(f"the write into {ds_path!r} is committed at time {max(times)}, but "
+                      f"the view {path!r} could not record its step ({type(e).__name__}: "
+                      f"{e}); its next read brings it up to date", RuntimeWarning,
+                      stacklevel=2)
     return new_m
 
 

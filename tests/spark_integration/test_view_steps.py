@@ -1,0 +1,95 @@
+"""Maintained views (``snapshot_reduce(snapshot_join(a, b), ..., since=)``) at their
+edges: steps whose join changes nothing, a view commit failing after its input's, --
+checked against Spark recomputing the answer."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import pytest
+
+pytestmark = pytest.mark.spark
+
+from arrangedb.spark_integration import (  # noqa: E402
+    ArrangedDataset, arrange_df, snapshot_join, snapshot_reduce)
+
+AGGS = {"n": ("count", None), "s": ("sum", "amount")}
+ORDERS, CUSTOMERS = "cid long, amount double", "cid long, region string"
+
+
+def rows(df) -> Counter:
+    return Counter(tuple(r) for r in df.collect())
+
+
+def applied(changes: Counter, start: Counter | None = None) -> Counter:
+    """A result plus changes (rows with time and diff last)."""
+    state = Counter(start or {})
+    for r, m in changes.items():
+        state[r[:-2]] += r[-1] * m
+    return +state
+
+
+def spark_per_region(orders, customers):
+    from pyspark.sql import functions as F
+
+    return rows(orders.join(customers, "cid").groupBy("region")
+                .agg(F.count("*"), F.sum("amount")))
+
+
+@pytest.fixture
+def shop(spark, tmp_path):
+    orders = spark.createDataFrame([(k % 6, float(k)) for k in range(30)], ORDERS)
+    customers = spark.createDataFrame([(k, f"r{k % 2}") for k in range(6)], CUSTOMERS)
+    o = arrange_df(orders, "cid", path=tmp_path / "o", num_partitions=2)
+    c = arrange_df(customers, "cid", path=tmp_path / "c", num_partitions=2, unique=True)
+    return orders, customers, o, c
+
+
+def test_a_view_over_a_join_that_matches_nothing_has_no_changes(spark, tmp_path):
+    o = arrange_df(spark.createDataFrame([(1, 1.0)], ORDERS), "cid", path=tmp_path / "o",
+                   num_partitions=2)
+    c = arrange_df(spark.createDataFrame([(2, "r")], CUSTOMERS), "cid",
+                   path=tmp_path / "c", num_partitions=2)
+    assert rows(snapshot_reduce(snapshot_join(o, c, "cid"), "region", AGGS, since=0)) == {}
+
+
+def test_an_insert_matching_nothing_commits_once_and_steps_the_view(spark, shop):
+    """Orders of customers not known yet: the insert's fused view step has no partials."""
+    orders, customers, o, c = shop
+    joined = snapshot_join(o, c, "cid")
+    view = rows(snapshot_reduce(joined, "region", AGGS, since=0))
+    new = spark.createDataFrame([(100 + k, 5.0) for k in range(4)], ORDERS)
+    t = o.insert(new)
+    assert t == 1 and ArrangedDataset.open(o.path).latest() == 1
+    assert snapshot_join(o, new.select("cid"), "cid", how="semi").count() == 4
+    assert rows(snapshot_reduce(joined, "region", AGGS, since=t)) == {}
+    assert applied(view) == spark_per_region(orders.unionByName(new), customers)
+
+
+def test_a_view_commit_failing_after_the_insert_warns_and_catches_up(spark, shop,
+                                                                       monkeypatch):
+    """The insert's own commit landed: it returns its time (a retry would write it
+    twice); the view, left behind, is stepped by its next read."""
+    from arrangedb.spark_integration import dataset
+
+    orders, customers, o, c = shop
+    joined = snapshot_join(o, c, "cid")
+    view = rows(snapshot_reduce(joined, "region", AGGS, since=0))
+    views = os.path.join(o.path, "_views")
+    real_commit = dataset.commit
+
+    def failing_for_views(path, *args, **kwargs):
+        if path.startswith(views):
+            raise OSError("disk full")
+        return real_commit(path, *args, **kwargs)
+
+    monkeypatch.setattr(dataset, "commit", failing_for_views)
+    new = spark.createDataFrame([(1, 7.0), (2, 9.0)], ORDERS)
+    with pytest.warns(RuntimeWarning, match="committed at time 1"):
+        assert o.insert(new) == 1
+    monkeypatch.setattr(dataset, "commit", real_commit)
+    assert o.times() == [0, 1]
+    later = rows(snapshot_reduce(joined, "region", AGGS, since=1))
+    assert applied(later, applied(view)) == spark_per_region(orders.unionByName(new),
+                                                             customers)
