@@ -130,6 +130,18 @@ def test_datasets_read_at_every_time_equal_spark(living):
     assert rows(snapshot_join(o, c, "cid")) == rows(h.joined(3))   # latest by default
 
 
+def test_a_reduce_over_a_join_at_a_time_groups_the_rows_of_that_time(living):
+    """As Spark's groupBy of the same DataFrame: the join's at= is the reduce's."""
+    h, o, c, _ = living
+    joined = snapshot_join(o, c, "cid", at=1)
+    assert rows(snapshot_reduce(joined, "region", AGGS)) == rows(h.per_region(1))
+    assert rows(snapshot_reduce(joined, "region", AGGS, at=1)) == rows(h.per_region(1))
+    with pytest.raises(ValueError, match="the join reads at=1"):
+        snapshot_reduce(joined, "region", AGGS, at=2)
+    with pytest.raises(ValueError, match="the join reads at=1"):
+        snapshot_reduce(joined, "region", AGGS, since=1)
+
+
 def test_join_changes_between_times_equal_the_difference_of_snapshots(living):
     h, o, c, _ = living
     got = rows(snapshot_join(o, c, "cid", since=1, upto=4))
