@@ -222,10 +222,8 @@ def _read_times(left, right, at, since, upto, how) -> dict:
     if upto <= since:
         raise ValueError(f"upto={upto} must be greater than since={since}")
     out = {i: ds.layout(min(upto - 1, ds.latest())) for i, ds in sides.items()}
-    for i, ds in sides.items():
-        if since > 0 and since - 1 < ds.since():
-            raise ValueError(f"{ds.path!r}: since={since} reads time {since - 1}, before "
-                             f"the compaction frontier {ds.since()}")
+    for ds in sides.values():
+        ds.check_since(since)
     out["upto"] = upto
     return out
 
@@ -371,9 +369,7 @@ def _changes_of(ds: ArrangedDataset, since: int, upto: int | None) -> dict:
         upto = ds.latest() + 1
     if upto <= since:
         raise ValueError(f"upto={upto} must be greater than since={since}")
-    if since > 0 and since - 1 < ds.since():
-        raise ValueError(f"{ds.path!r}: since={since} reads time {since - 1}, before the "
-                         f"compaction frontier {ds.since()}")
+    ds.check_since(since)
     return {0: ds.layout(min(upto - 1, ds.latest())), "upto": upto}
 
 

@@ -66,6 +66,14 @@ class ArrangedDataset:
         """The compaction frontier: times before it can no longer be read."""
         return dataset.read_manifest(self.path)["since"]
 
+    def check_since(self, since: int) -> None:
+        """Changes from ``since`` start from the state at ``since - 1``: refused once a
+        compaction has folded that time away."""
+        frontier = self.since()
+        if since > 0 and since - 1 < frontier:
+            raise ValueError(f"{self.path!r}: since={since} reads time {since - 1}, before "
+                             f"the compaction frontier {frontier}")
+
     def layout(self, at: int | None = None) -> Layout:
         """The partitions' directories at ``at`` (None: the latest committed time)."""
         m = dataset.read_manifest(self.path)

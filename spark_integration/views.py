@@ -74,6 +74,8 @@ def reduce_changes(spark, left, right, jspec, by, aggs, out_schema, since, upto,
     if upto is not None and upto <= since:
         raise ValueError(f"upto={upto} must be greater than since={since}")
     state_aggs(aggs, jspec.out_schema, "snapshot_reduce")   # refused before any write
+    for ds in (left, right):   # a view (re)built after a compaction starts at its frontier
+        ds.check_since(since)
     path = view_path(left, right, jspec.keys, by, aggs)
     defn = definition(left, right, jspec.keys, by, aggs, jspec.out_schema, out_schema)
     spec = view_spec(defn, path, cfg, metrics)

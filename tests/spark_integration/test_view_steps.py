@@ -93,3 +93,21 @@ def test_a_view_commit_failing_after_the_insert_warns_and_catches_up(spark, shop
     later = rows(snapshot_reduce(joined, "region", AGGS, since=1))
     assert applied(later, applied(view)) == spark_per_region(orders.unionByName(new),
                                                              customers)
+
+
+def test_changes_from_before_a_compaction_are_refused(spark, shop):
+    """As snapshot_join(..., since=) refuses them: a view built over a compacted input
+    holds nothing before its frontier. The refused call creates no view."""
+    orders, customers, o, c = shop
+    new = spark.createDataFrame([(1, 1.0)], ORDERS)
+    for _ in (1, 2):
+        o.insert(new)
+    o.compact(before=2)
+    joined = snapshot_join(o, c, "cid")
+    for since in (1, 2):
+        with pytest.raises(ValueError, match="before the compaction frontier 2"):
+            snapshot_reduce(joined, "region", AGGS, since=since)
+    assert not os.path.exists(os.path.join(o.path, "_views"))
+    everything = orders.unionByName(new).unionByName(new)
+    assert applied(rows(snapshot_reduce(joined, "region", AGGS, since=0))) == \
+        spark_per_region(everything, customers)
