@@ -111,3 +111,28 @@ def test_changes_from_before_a_compaction_are_refused(spark, shop):
     everything = orders.unionByName(new).unionByName(new)
     assert applied(rows(snapshot_reduce(joined, "region", AGGS, since=0))) == \
         spark_per_region(everything, customers)
+
+
+def test_float_sums_of_a_view_stay_within_their_group(spark, tmp_path):
+    """A group's 1e17 never absorbs another group's small values, at any time of a step
+    (the view is created after the inserts: one step over times 0 to 2)."""
+    from pyspark.sql import functions as F
+
+    batches = [[(0, 1e17), (1, 1.0)], [(1, 1.0)], [(0, 1.0), (1, 1.0)]]
+    customers = spark.createDataFrame([(0, "a"), (1, "b")], CUSTOMERS)
+    o = arrange_df(spark.createDataFrame(batches[0], ORDERS), "cid", path=tmp_path / "o",
+                   num_partitions=1)
+    c = arrange_df(customers, "cid", path=tmp_path / "c", num_partitions=1)
+    for b in batches[1:]:
+        o.insert(spark.createDataFrame(b, ORDERS))
+    aggs = {"s": ("sum", "amount"), "m": ("mean", "amount")}
+    got = rows(snapshot_reduce(snapshot_join(o, c, "cid"), "region", aggs, since=0))
+    want, before = Counter(), Counter()
+    for t in range(3):
+        orders = spark.createDataFrame([r for b in batches[:t + 1] for r in b], ORDERS)
+        after = rows(orders.join(customers, "cid").groupBy("region")
+                     .agg(F.sum("amount"), F.avg("amount")))
+        want += Counter({(*r, t, -1): 1 for r in before - after})
+        want += Counter({(*r, t, 1): 1 for r in after - before})
+        before = after
+    assert got == want
