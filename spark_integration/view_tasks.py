@@ -183,11 +183,16 @@ def _join_partials(engine, spec: ViewSpec, pid: int, task: Task):
 
     target = delta_schema(spec)
     n = len(spec.left.parts)
-    for out in adb.group_by(renamed, spec.by + [TIME], spec.state, weight=DIFF,
-                            engine=engine, phase="partial"):
+    # a sum's state counts its values present (null once the last is retracted); group_by's
+    # v counts each changed value once (SQL's sum(x * diff)): v is a diff-weighted count
+    sums = [(name, col) for name, (fn, col) in spec.state.items() if fn == "sum"]
+    present = {f"{name}__present": ("count", col) for name, col in sums}
+    source = {f"__{name}__v": f"__{name}__present__n" for name, _ in sums}
+    for out in adb.group_by(renamed, spec.by + [TIME], dict(spec.state, **present),
+                            weight=DIFF, engine=engine, phase="partial"):
         task.rows_out += out.num_rows
         yield pa.RecordBatch.from_arrays(
-            [out.column(f.name).cast(f.type) for f in list(target)[:-1]]
+            [out.column(source.get(f.name, f.name)).cast(f.type) for f in list(target)[:-1]]
             + [pa.array(partition_ids(out, spec.by, n), pa.int32())], schema=target)
 
 

@@ -136,3 +136,22 @@ def test_float_sums_of_a_view_stay_within_their_group(spark, tmp_path):
         want += Counter({(*r, t, 1): 1 for r in after - before})
         before = after
     assert got == want
+
+
+def test_a_view_sum_is_null_once_its_last_value_is_retracted(spark, tmp_path):
+    """As Spark's SUM over the rows left: a group holding only nulls sums to NULL."""
+    from pyspark.sql import functions as F
+
+    schema = "cid long, q long"
+    orders = spark.createDataFrame([(1, 3), (1, None), (2, 5)], schema)
+    customers = spark.createDataFrame([(1, "a"), (2, "b")], CUSTOMERS)
+    o = arrange_df(orders, "cid", path=tmp_path / "o", num_partitions=2)
+    c = arrange_df(customers, "cid", path=tmp_path / "c", num_partitions=2)
+    aggs = {"n": ("count", None), "s": ("sum", "q"), "m": ("mean", "q")}
+    joined = snapshot_join(o, c, "cid")
+    view = rows(snapshot_reduce(joined, "region", aggs, since=0))
+    t = o.insert(spark.createDataFrame([(1, 3, -1)], schema + ", d long"), diff="d")
+    got = applied(rows(snapshot_reduce(joined, "region", aggs, since=t)), applied(view))
+    left = orders.where("q is null or cid = 2")
+    assert got == rows(left.join(customers, "cid").groupBy("region")
+                       .agg(F.count("*"), F.sum("q"), F.avg("q")))
