@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from arrangedb.pager import disk
 from arrangedb.spark_integration.dataset import Layout, attempt_prefix, check_keys, part_dir
-from arrangedb.spark_integration.task import Task, task_ids
+from arrangedb.spark_integration.task import Refused, Task, task_ids
 
 TIME = "__arrangedb_time"
 DIFF = "__arrangedb_diff"
@@ -145,14 +145,37 @@ def written_trace(engine, batches, spec: WriteSpec, pid: int, task: Task):
         trace.merge_all()   # pay for the merge once: later reads walk one batch
         if spec.unique:
             _check_unique(trace, spec.key)
+    elif spec.unique:
+        _check_unique_insert(engine, trace, spec, pid)
     return trace
 
 
 def _check_unique(trace, keys) -> None:
     st = trace.stats()
     if st["keys"] != st["updates"]:
-        raise ValueError(f"unique=True, but keys {keys} repeat: {st['updates']} rows hold "
-                         f"{st['keys']} distinct keys")
+        raise Refused(f"unique=True, but keys {keys} repeat: {st['updates']} rows hold "
+                      f"{st['keys']} distinct keys")
+
+
+def _check_unique_insert(engine, trace, spec: WriteSpec, pid: int) -> None:
+    """An insert into a unique dataset leaves each key at most one row: the key's rows
+    before it plus the insert's net count, per block of the keys it touches (one
+    batched lookup each)."""
+    import arrangedb as adb
+
+    current = load_partition(engine, spec.current, pid)
+    for out in adb.reduce(trace, {"__n": ("count", None)}):
+        keys = pa.table([out.column(k) for k in spec.key], names=spec.key)
+        old = current.lookup(keys, at=spec.current.at)
+        total = out.column("__n").to_numpy(zero_copy_only=False).astype(np.int64)
+        np.add.at(total, old.column("query_index").to_numpy(zero_copy_only=False),
+                  old.column("count").to_numpy(zero_copy_only=False).astype(np.int64))
+        repeated = np.flatnonzero(total > 1)
+        if repeated.size:
+            some = keys.take(pa.array(repeated[:3])).to_pylist()
+            raise Refused(f"insert: the dataset is unique=True on key column(s) {spec.key}, "
+                          f"and the insert would give keys {some} a second row; use "
+                          f"upsert to replace a key's row")
 
 
 def _retract_and_replace(engine, batches, spec: WriteSpec, pid: int, task: Task):
@@ -195,8 +218,8 @@ def _check_distinct(keys: pa.Table, names: list[str], mode: str) -> None:
     if keys.num_rows and keys.group_by(names).aggregate([]).num_rows != keys.num_rows:
         counts = keys.group_by(names).aggregate([([], "count_all")])
         dup = counts.filter(pc.greater(counts.column("count_all"), 1)).slice(0, 3)
-        raise ValueError(f"{mode}: the input repeats keys (e.g. {dup.select(names).to_pylist()}); "
-                         f"each key may appear once")
+        raise Refused(f"{mode}: the input repeats keys (e.g. {dup.select(names).to_pylist()}); "
+                      f"each key may appear once")
 
 
 def route_split(batches, spec: WriteSpec, splits: list):

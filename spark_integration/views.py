@@ -17,6 +17,7 @@ import pyarrow as pa
 from arrangedb.pager import disk
 from arrangedb.spark_integration import dataset
 from arrangedb.spark_integration.dataset import Layout
+from arrangedb.spark_integration.task import raise_refusal
 from arrangedb.spark_integration.view_tasks import (INLINE_ROWS, ROUTE, VIEW_REPORT, ViewSpec,
                                                     definition, delta_schema, state_aggs,
                                                     view_spec, view_tasks)
@@ -277,9 +278,10 @@ def write_and_step(ds, df, spec, m: dict, t: int, batch_id) -> bool:
                         .mapInArrow(on_workers("view_tasks", "fused_apply", view),
                                     spark_schema(fused_report_schema()))
                         .collect())
-            except BaseException:
+            except BaseException as e:
                 dataset.remove_attempts(ds.path, spec.version, keep=())
                 dataset.remove_attempts(path, view.version, keep=())
+                raise_refusal(e)
                 raise
             rows = [{k.removeprefix("__report_"): v for k, v in r.asDict().items()}
                     for r in rows]
