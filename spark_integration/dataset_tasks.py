@@ -180,46 +180,52 @@ def _check_unique_insert(engine, trace, spec: WriteSpec, pid: int) -> None:
 
 def _retract_and_replace(engine, batches, spec: WriteSpec, pid: int, task: Task):
     """Upsert: the new rows at the time, and the retraction of each key's current row;
-    delete: the retractions alone. Old rows are found by one batched lookup per input
-    batch (keys sorted once, the trace walked in order)."""
+    delete: the retractions alone. The input is arranged first, within the budget as an
+    insert's rows are; its keys, walked in order, are checked once each and looked up
+    in the current rows a block at a time (one batched lookup each)."""
+    import arrangedb as adb
+
+    cols = spec.key if spec.mode == "delete" else spec.schema.names
+    fields = [spec.schema.field(c) for c in cols] + [pa.field(TIME, pa.int64())]
+
+    def rows():
+        for rb in batches:
+            task.rows_in += rb.num_rows
+            check_keys(rb, spec.key)
+            yield pa.RecordBatch.from_arrays(
+                [rb.column(f.name).cast(f.type) for f in fields[:-1]]
+                + [pa.array(np.full(rb.num_rows, spec.time, np.int64))], schema=pa.schema(fields))
+    incoming = engine.arrange(pa.RecordBatchReader.from_batches(pa.schema(fields), rows()),
+                              key=spec.key, vals=cols[len(spec.key):], time=TIME)
     current = load_partition(engine, spec.current, pid)
-    names = spec.schema.names
-    pieces = []
-    seen = []
-    for rb in batches:
-        task.rows_in += rb.num_rows
-        if rb.num_rows == 0:
-            continue
-        check_keys(rb, spec.key)
-        keys = pa.table([rb.column(k) for k in spec.key], names=spec.key)
-        seen.append(keys)
-        old = current.lookup(keys, at=spec.current.at)
-        if old.num_rows:
-            counts = old.column("count").to_numpy(zero_copy_only=False).astype(np.int64)
-            pieces.append(pa.table([old.column(c) for c in names]
-                                   + [pa.array(np.full(old.num_rows, spec.time, np.int64)),
-                                      pa.array(-counts)],
-                                   names=names + [TIME, DIFF]))
-        if spec.mode == "upsert":
-            pieces.append(pa.table([rb.column(c) for c in names]
-                                   + [pa.array(np.full(rb.num_rows, spec.time, np.int64)),
-                                      pa.array(np.ones(rb.num_rows, np.int64))],
-                                   names=names + [TIME, DIFF]))
-    if seen:
-        _check_distinct(pa.concat_tables(seen), spec.key, spec.mode)
-    schema = pa.schema(list(spec.schema) + [pa.field(TIME, pa.int64()),
-                                            pa.field(DIFF, pa.int64())])
-    table = (pa.concat_tables([p.cast(schema) for p in pieces]) if pieces
-             else schema.empty_table())
-    return engine.arrange(table, key=spec.key, vals=spec.vals, time=TIME, diff=DIFF)
+    retracted = pa.schema(list(spec.schema) + [pa.field(TIME, pa.int64()),
+                                               pa.field(DIFF, pa.int64())])
 
-
-def _check_distinct(keys: pa.Table, names: list[str], mode: str) -> None:
-    if keys.num_rows and keys.group_by(names).aggregate([]).num_rows != keys.num_rows:
-        counts = keys.group_by(names).aggregate([([], "count_all")])
-        dup = counts.filter(pc.greater(counts.column("count_all"), 1)).slice(0, 3)
-        raise Refused(f"{mode}: the input repeats keys (e.g. {dup.select(names).to_pylist()}); "
-                      f"each key may appear once")
+    def retractions():
+        for out in adb.reduce(incoming, {"__n": ("count", None)}):
+            keys = pa.table([out.column(k) for k in spec.key], names=spec.key)
+            repeated = np.flatnonzero(out.column("__n").to_numpy(zero_copy_only=False) != 1)
+            if repeated.size:
+                raise Refused(f"{spec.mode}: the input repeats keys (e.g. "
+                              f"{keys.take(pa.array(repeated[:3])).to_pylist()}); each key "
+                              f"may appear once")
+            old = current.lookup(keys, at=spec.current.at)
+            if old.num_rows:
+                counts = old.column("count").to_numpy(zero_copy_only=False).astype(np.int64)
+                yield from pa.table(
+                    [old.column(c) for c in spec.schema.names]
+                    + [pa.array(np.full(old.num_rows, spec.time, np.int64)), pa.array(-counts)],
+                    schema=retracted).to_batches()
+    gone = engine.arrange(pa.RecordBatchReader.from_batches(retracted, retractions()),
+                          key=spec.key, vals=spec.vals, time=TIME, diff=DIFF)
+    if spec.mode == "delete":
+        return gone
+    # both at the write's time, which neither trace accepts once arranged: merged anew
+    new, old = incoming.changes(0), gone.changes(0)
+    both = (pa.RecordBatch.from_arrays(rb.columns, schema=new.schema)
+            for reader in (new, old) for rb in reader)
+    return engine.arrange(pa.RecordBatchReader.from_batches(new.schema, both), key=spec.key,
+                          vals=spec.vals)
 
 
 def route_split(batches, spec: WriteSpec, splits: list):

@@ -44,9 +44,39 @@ def test_an_insert_giving_a_unique_key_a_second_row_is_refused(spark, tmp_path):
     # a view over c: an insert into c now steps it in the insert's own job
     refused([(1, "again")])
     refused([(7, "x"), (7, "y")])   # key 7 twice in the insert
+    with pytest.raises(ValueError, match="upsert: the input repeats keys"):
+        c.upsert(spark.createDataFrame([(2, "x"), (2, "y")], CUSTOMERS))
+    assert c.times() == [0] and unnamed_directories(c) == []
     # a key's row retracted and another added in one insert leaves it one row: accepted
     changes = [(1, "r1", -1), (1, "s1", 1), (8, "r8", 1)]
     assert c.insert(spark.createDataFrame(changes, CUSTOMERS + ", d long"), diff="d") == 1
     now = [r for r in customers if r[0] != 1] + [(1, "s1"), (8, "r8")]
     everyone = spark.createDataFrame([(k,) for k in range(10)], "cid long")
     assert rows(snapshot_join(everyone, c, "cid")) == Counter(now)
+
+
+@pytest.mark.slow
+def test_an_upsert_streams_through_the_task_budget(spark, tmp_path):
+    """~100 MiB of rows per partition upserted with 32 MiB per task: arranged and spilled
+    as an insert's rows are, never held whole in the worker."""
+    from pyspark.sql import functions as F
+
+    from arrangedb.pager import RSS_ALLOWANCE
+    from arrangedb.spark_integration import JobMetrics
+
+    def rows_of(n, tag):
+        return spark.range(n).select(F.col("id").alias("k"), F.concat(
+            F.lit(tag * 300), F.col("id").cast("string")).alias("v"))
+
+    ds = arrange_df(rows_of(1000, "a"), "k", path=tmp_path / "u", num_partitions=2,
+                    unique=True)
+    metrics = JobMetrics(spark)
+    n = 700_000
+    assert ds.upsert(rows_of(n, "b"), metrics=metrics) == 1
+    m = metrics.value
+    assert m["bytes_spilled"] > 0 and m["over_budget_tasks"] == 0
+    assert m["max_task_peak_rss_bytes"] <= m["max_task_budget_bytes"] + RSS_ALLOWANCE
+    probe = spark.createDataFrame([(0,), (999,), (1000,), (n - 1,), (n,)], "k long")
+    got = {r["k"]: r["v"] for r in snapshot_join(probe, ds, "k").collect()}
+    assert got == {k: "b" * 300 + str(k) for k in (0, 999, 1000, n - 1)}
+    assert snapshot_reduce(ds, "k", {"n": ("count", None)}).count() == n
