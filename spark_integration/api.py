@@ -185,6 +185,7 @@ def snapshot_join(left_df, right_df, on, how: str = "inner", num_partitions: int
         # lets snapshot_reduce over this very DataFrame aggregate inside the join's tasks
         result._arrangedb_join = (shuffled, spec, null_rows)
         result._arrangedb_sources = (left_df, right_df)
+        result._arrangedb_at = at   # what a snapshot_reduce over it reads at
     return result
 
 
@@ -221,10 +222,8 @@ def _read_times(left, right, at, since, upto, how) -> dict:
     if upto <= since:
         raise ValueError(f"upto={upto} must be greater than since={since}")
     out = {i: ds.layout(min(upto - 1, ds.latest())) for i, ds in sides.items()}
-    for i, ds in sides.items():
-        if since > 0 and since - 1 < ds.since():
-            raise ValueError(f"{ds.path!r}: since={since} reads time {since - 1}, before "
-                             f"the compaction frontier {ds.since()}")
+    for ds in sides.values():
+        ds.check_since(since)
     out["upto"] = upto
     return out
 
@@ -283,6 +282,12 @@ def snapshot_reduce(df, by, aggs: dict, num_partitions: int | None = None, memor
 
     fused = getattr(df, "_arrangedb_join", None)
     _check_times(at=at, since=since, upto=upto)
+    join_at = getattr(df, "_arrangedb_at", None)   # the join's rows are those at join_at
+    if join_at is not None and (since is not None or upto is not None):
+        raise ValueError(f"snapshot_reduce: the join reads at={join_at}; since=/upto= "
+                         f"need a snapshot_join without at=")
+    if join_at is not None and at not in (None, join_at):
+        raise ValueError(f"snapshot_reduce: at={at}, but the join reads at={join_at}")
     timed = at is not None or since is not None or upto is not None
     if timed and not isinstance(df, ArrangedDataset):
         sources = getattr(df, "_arrangedb_sources", None)
@@ -300,8 +305,10 @@ def snapshot_reduce(df, by, aggs: dict, num_partitions: int | None = None, memor
             raise ValueError("upto= needs since= (the changes between two times)")
     sources = getattr(df, "_arrangedb_sources", ())
     if fused is not None and any(isinstance(s, ArrangedDataset) for s in sources):
-        # a new query: its arranged inputs are read at at= (None: their latest now)
-        reading = _read_times(*sources, at, None, None, fused[1].how)
+        # a new query: its arranged inputs are read at at= (None: the join's at=, else
+        # their latest now)
+        reading = _read_times(*sources, join_at if at is None else at, None, None,
+                              fused[1].how)
         fused = (fused[0], replace(fused[1], left=reading.get(0), right=reading.get(1)),
                  fused[2])
 
@@ -362,9 +369,7 @@ def _changes_of(ds: ArrangedDataset, since: int, upto: int | None) -> dict:
         upto = ds.latest() + 1
     if upto <= since:
         raise ValueError(f"upto={upto} must be greater than since={since}")
-    if since > 0 and since - 1 < ds.since():
-        raise ValueError(f"{ds.path!r}: since={since} reads time {since - 1}, before the "
-                         f"compaction frontier {ds.since()}")
+    ds.check_since(since)
     return {0: ds.layout(min(upto - 1, ds.latest())), "upto": upto}
 
 

@@ -23,6 +23,7 @@ from arrangedb.spark_integration.dataset_tasks import REPORT, WriteSpec
 from arrangedb.spark_integration.frames import (arrow_schema, default_partitions,
                                                 on_workers, spark_schema)
 from arrangedb.spark_integration.metrics import JobMetrics
+from arrangedb.spark_integration.task import raise_refusal
 from arrangedb.spark_integration.workers import use_driver_python_locally
 
 
@@ -65,6 +66,14 @@ class ArrangedDataset:
     def since(self) -> int:
         """The compaction frontier: times before it can no longer be read."""
         return dataset.read_manifest(self.path)["since"]
+
+    def check_since(self, since: int) -> None:
+        """Changes from ``since`` start from the state at ``since - 1``: refused once a
+        compaction has folded that time away."""
+        frontier = self.since()
+        if since > 0 and since - 1 < frontier:
+            raise ValueError(f"{self.path!r}: since={since} reads time {since - 1}, before "
+                             f"the compaction frontier {frontier}")
 
     def layout(self, at: int | None = None) -> Layout:
         """The partitions' directories at ``at`` (None: the latest committed time)."""
@@ -143,8 +152,9 @@ class ArrangedDataset:
         try:
             rows = df.mapInArrow(on_workers("dataset_tasks", "write_partition", spec),
                                  spark_schema(REPORT)).collect()
-        except BaseException:
+        except BaseException as e:
             dataset.remove_attempts(self.path, spec.version, keep=())
+            raise_refusal(e)
             raise
         return [r.asDict() for r in rows]   # one small report per partition, never data
 
@@ -189,7 +199,7 @@ class ArrangedDataset:
             if diff is not None:
                 sel.append(F.col(diff).cast("long").alias(diff))
             current = None
-            if mode in ("upsert", "delete"):
+            if self.unique:   # upserts and deletes replace its rows, inserts must not repeat them
                 current = Layout(self.path, self.key, self.vals, self.schema,
                                  dataset.parts_at(m, latest), latest)
             spec = self._spec(spark, m, mode, t, diff, memory_budget, spill_dir, metrics,
@@ -289,8 +299,9 @@ def _arrange_files(spark, ds: ArrangedDataset, files: list[str], spec: WriteSpec
         for r in _on_each(spark, len(splits), "route_split", spec, splits):
             routed.setdefault(r["partition"], []).append(r["dir"])
         return _on_each(spark, ds.num_partitions, "arrange_routed", spec, routed)
-    except BaseException:
+    except BaseException as e:
         dataset.remove_attempts(ds.path, spec.version, keep=())
+        raise_refusal(e)
         raise
 
 

@@ -209,9 +209,12 @@ def commit(path: str, m: dict, reports, times: list[int], batch_id=None,
     if since is not None:
         new["since"] = since
     write_manifest(path, new)
-    remove_attempts(path, version, keep=parts.values())
-    if replace:   # what the compacted commit replaces is no longer named by any version
-        _remove_unread(path, old_dirs - set(parts.values()))
+    # committed: what follows only tidies up (the next writer removes what it leaves), and
+    # must not make a committed write look failed to its caller
+    with contextlib.suppress(OSError):
+        remove_attempts(path, version, keep=parts.values())
+        if replace:   # what the compacted commit replaces is no longer named by any version
+            _remove_unread(path, old_dirs - set(parts.values()))
     return new
 
 

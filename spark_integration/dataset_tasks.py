@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from arrangedb.pager import disk
 from arrangedb.spark_integration.dataset import Layout, attempt_prefix, check_keys, part_dir
-from arrangedb.spark_integration.task import Task, task_ids
+from arrangedb.spark_integration.task import Refused, Task, task_ids
 
 TIME = "__arrangedb_time"
 DIFF = "__arrangedb_diff"
@@ -145,58 +145,87 @@ def written_trace(engine, batches, spec: WriteSpec, pid: int, task: Task):
         trace.merge_all()   # pay for the merge once: later reads walk one batch
         if spec.unique:
             _check_unique(trace, spec.key)
+    elif spec.unique:
+        _check_unique_insert(engine, trace, spec, pid)
     return trace
 
 
 def _check_unique(trace, keys) -> None:
     st = trace.stats()
     if st["keys"] != st["updates"]:
-        raise ValueError(f"unique=True, but keys {keys} repeat: {st['updates']} rows hold "
-                         f"{st['keys']} distinct keys")
+        raise Refused(f"unique=True, but keys {keys} repeat: {st['updates']} rows hold "
+                      f"{st['keys']} distinct keys")
+
+
+def _check_unique_insert(engine, trace, spec: WriteSpec, pid: int) -> None:
+    """An insert into a unique dataset leaves each key at most one row: the key's rows
+    before it plus the insert's net count, per block of the keys it touches (one
+    batched lookup each)."""
+    import arrangedb as adb
+
+    current = load_partition(engine, spec.current, pid)
+    for out in adb.reduce(trace, {"__n": ("count", None)}):
+        keys = pa.table([out.column(k) for k in spec.key], names=spec.key)
+        old = current.lookup(keys, at=spec.current.at)
+        total = out.column("__n").to_numpy(zero_copy_only=False).astype(np.int64)
+        np.add.at(total, old.column("query_index").to_numpy(zero_copy_only=False),
+                  old.column("count").to_numpy(zero_copy_only=False).astype(np.int64))
+        repeated = np.flatnonzero(total > 1)
+        if repeated.size:
+            some = keys.take(pa.array(repeated[:3])).to_pylist()
+            raise Refused(f"insert: the dataset is unique=True on key column(s) {spec.key}, "
+                          f"and the insert would give keys {some} a second row; use "
+                          f"upsert to replace a key's row")
 
 
 def _retract_and_replace(engine, batches, spec: WriteSpec, pid: int, task: Task):
     """Upsert: the new rows at the time, and the retraction of each key's current row;
-    delete: the retractions alone. Old rows are found by one batched lookup per input
-    batch (keys sorted once, the trace walked in order)."""
+    delete: the retractions alone. The input is arranged first, within the budget as an
+    insert's rows are; its keys, walked in order, are checked once each and looked up
+    in the current rows a block at a time (one batched lookup each)."""
+    import arrangedb as adb
+
+    cols = spec.key if spec.mode == "delete" else spec.schema.names
+    fields = [spec.schema.field(c) for c in cols] + [pa.field(TIME, pa.int64())]
+
+    def rows():
+        for rb in batches:
+            task.rows_in += rb.num_rows
+            check_keys(rb, spec.key)
+            yield pa.RecordBatch.from_arrays(
+                [rb.column(f.name).cast(f.type) for f in fields[:-1]]
+                + [pa.array(np.full(rb.num_rows, spec.time, np.int64))], schema=pa.schema(fields))
+    incoming = engine.arrange(pa.RecordBatchReader.from_batches(pa.schema(fields), rows()),
+                              key=spec.key, vals=cols[len(spec.key):], time=TIME)
     current = load_partition(engine, spec.current, pid)
-    names = spec.schema.names
-    pieces = []
-    seen = []
-    for rb in batches:
-        task.rows_in += rb.num_rows
-        if rb.num_rows == 0:
-            continue
-        check_keys(rb, spec.key)
-        keys = pa.table([rb.column(k) for k in spec.key], names=spec.key)
-        seen.append(keys)
-        old = current.lookup(keys, at=spec.current.at)
-        if old.num_rows:
-            counts = old.column("count").to_numpy(zero_copy_only=False).astype(np.int64)
-            pieces.append(pa.table([old.column(c) for c in names]
-                                   + [pa.array(np.full(old.num_rows, spec.time, np.int64)),
-                                      pa.array(-counts)],
-                                   names=names + [TIME, DIFF]))
-        if spec.mode == "upsert":
-            pieces.append(pa.table([rb.column(c) for c in names]
-                                   + [pa.array(np.full(rb.num_rows, spec.time, np.int64)),
-                                      pa.array(np.ones(rb.num_rows, np.int64))],
-                                   names=names + [TIME, DIFF]))
-    if seen:
-        _check_distinct(pa.concat_tables(seen), spec.key, spec.mode)
-    schema = pa.schema(list(spec.schema) + [pa.field(TIME, pa.int64()),
-                                            pa.field(DIFF, pa.int64())])
-    table = (pa.concat_tables([p.cast(schema) for p in pieces]) if pieces
-             else schema.empty_table())
-    return engine.arrange(table, key=spec.key, vals=spec.vals, time=TIME, diff=DIFF)
+    retracted = pa.schema(list(spec.schema) + [pa.field(TIME, pa.int64()),
+                                               pa.field(DIFF, pa.int64())])
 
-
-def _check_distinct(keys: pa.Table, names: list[str], mode: str) -> None:
-    if keys.num_rows and keys.group_by(names).aggregate([]).num_rows != keys.num_rows:
-        counts = keys.group_by(names).aggregate([([], "count_all")])
-        dup = counts.filter(pc.greater(counts.column("count_all"), 1)).slice(0, 3)
-        raise ValueError(f"{mode}: the input repeats keys (e.g. {dup.select(names).to_pylist()}); "
-                         f"each key may appear once")
+    def retractions():
+        for out in adb.reduce(incoming, {"__n": ("count", None)}):
+            keys = pa.table([out.column(k) for k in spec.key], names=spec.key)
+            repeated = np.flatnonzero(out.column("__n").to_numpy(zero_copy_only=False) != 1)
+            if repeated.size:
+                raise Refused(f"{spec.mode}: the input repeats keys (e.g. "
+                              f"{keys.take(pa.array(repeated[:3])).to_pylist()}); each key "
+                              f"may appear once")
+            old = current.lookup(keys, at=spec.current.at)
+            if old.num_rows:
+                counts = old.column("count").to_numpy(zero_copy_only=False).astype(np.int64)
+                yield from pa.table(
+                    [old.column(c) for c in spec.schema.names]
+                    + [pa.array(np.full(old.num_rows, spec.time, np.int64)), pa.array(-counts)],
+                    schema=retracted).to_batches()
+    gone = engine.arrange(pa.RecordBatchReader.from_batches(retracted, retractions()),
+                          key=spec.key, vals=spec.vals, time=TIME, diff=DIFF)
+    if spec.mode == "delete":
+        return gone
+    # both at the write's time, which neither trace accepts once arranged: merged anew
+    new, old = incoming.changes(0), gone.changes(0)
+    both = (pa.RecordBatch.from_arrays(rb.columns, schema=new.schema)
+            for reader in (new, old) for rb in reader)
+    return engine.arrange(pa.RecordBatchReader.from_batches(new.schema, both), key=spec.key,
+                          vals=spec.vals)
 
 
 def route_split(batches, spec: WriteSpec, splits: list):

@@ -15,9 +15,12 @@ def on_workers(module: str, function: str, *args):
 
 
 def arrow_schema(spark_schema) -> pa.Schema:
+    """A Spark schema as the Arrow schema of the batches ``mapInArrow`` hands over:
+    timestamps in the session's time zone (pyspark refuses a timestamp without one)."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    return to_arrow_schema(spark_schema)
+    zone = active_session().conf.get("spark.sql.session.timeZone", None) or "UTC"
+    return to_arrow_schema(spark_schema, timezone=zone)
 
 
 def spark_schema(arrow_schema: pa.Schema):

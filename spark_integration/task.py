@@ -4,6 +4,7 @@ engine it mounts with its share of the budget, reported to the driver when it en
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -53,3 +54,19 @@ class Task:
                               s["peak_rss_bytes"] - s["baseline_rss_bytes"],
                               self.cfg.budget_bytes, RSS_ALLOWANCE, time.time() - self.started,
                               os.path.dirname(engine.spill.path), worker_peak)
+
+
+class Refused(ValueError):
+    """A task's refusal of its input (one line, what the user can change): the driver
+    raises it as a ValueError (:func:`raise_refusal`), not as Spark's wrapped error."""
+
+
+_REFUSED = re.compile(rf"{re.escape(Refused.__module__)}\.Refused: ([^\n]*)")
+
+
+def raise_refusal(error: BaseException) -> None:
+    """If a failed job's ``error`` comes from a task's :class:`Refused`, raise it as a
+    ValueError on the driver; else return."""
+    found = _REFUSED.search(str(error))
+    if found:
+        raise ValueError(found.group(1)) from error

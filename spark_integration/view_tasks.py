@@ -183,11 +183,16 @@ def _join_partials(engine, spec: ViewSpec, pid: int, task: Task):
 
     target = delta_schema(spec)
     n = len(spec.left.parts)
-    for out in adb.group_by(renamed, spec.by + [TIME], spec.state, weight=DIFF,
-                            engine=engine, phase="partial"):
+    # a sum's state counts its values present (null once the last is retracted); group_by's
+    # v counts each changed value once (SQL's sum(x * diff)): v is a diff-weighted count
+    sums = [(name, col) for name, (fn, col) in spec.state.items() if fn == "sum"]
+    present = {f"{name}__present": ("count", col) for name, col in sums}
+    source = {f"__{name}__v": f"__{name}__present__n" for name, _ in sums}
+    for out in adb.group_by(renamed, spec.by + [TIME], dict(spec.state, **present),
+                            weight=DIFF, engine=engine, phase="partial"):
         task.rows_out += out.num_rows
         yield pa.RecordBatch.from_arrays(
-            [out.column(f.name).cast(f.type) for f in list(target)[:-1]]
+            [out.column(source.get(f.name, f.name)).cast(f.type) for f in list(target)[:-1]]
             + [pa.array(partition_ids(out, spec.by, n), pa.int32())], schema=target)
 
 
@@ -332,9 +337,7 @@ def _state_updates(engine, spec: ViewSpec, pid: int, deltas: pa.Table) -> pa.Tab
     new, prev = {}, {}
     for v in vals:
         d = deltas.column(v).to_numpy(zero_copy_only=False).astype(old[v].dtype)
-        c = np.cumsum(d)
-        base = c[first] - d[first]          # the running sum before each group's first row
-        new[v] = old[v][gid] + (c - base[gid])
+        new[v] = _running_sums(d, old[v], first, gid)
         p = np.empty_like(new[v])           # the state each row replaces: the row before
         p[1:] = new[v][:-1]                 # it in its group (exactly, not new - delta)
         p[first] = old[v]
@@ -351,6 +354,25 @@ def _state_updates(engine, spec: ViewSpec, pid: int, deltas: pa.Table) -> pa.Tab
                 + [pa.array(time[rows]), pa.array(np.full(rows.size, diff, np.int64))],
                 schema=_updates_schema(spec)))
     return pa.concat_tables(pieces) if pieces else _updates_schema(spec).empty_table()
+
+
+def _running_sums(d: np.ndarray, old: np.ndarray, first: np.ndarray,
+                  gid: np.ndarray) -> np.ndarray:
+    """Each row's group state after it: old state plus the group's deltas through the
+    row. Integers by one prefix sum (exact: int64 wraps alike); floats within each group,
+    so that one group's magnitude, NaN or inf never reaches another's sum."""
+    if d.dtype.kind != "f":
+        c = np.cumsum(d)
+        base = c[first] - d[first]          # the running sum before each group's first row
+        return old[gid] + (c - base[gid])
+    new = d.copy()
+    new[first] += old
+    rank = np.arange(len(d)) - first[gid]   # a row's place in its group
+    order, ends = np.argsort(rank, kind="stable"), np.cumsum(np.bincount(rank))
+    for lo, hi in zip(ends[:-1], ends[1:]):   # one pass per time of the step, not per row
+        rows = order[lo:hi]
+        new[rows] += new[rows - 1]
+    return new
 
 
 def _dtype(t: pa.DataType):

@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import shutil
+import warnings
 from dataclasses import replace
 
 import pyarrow as pa
@@ -16,6 +17,7 @@ import pyarrow as pa
 from arrangedb.pager import disk
 from arrangedb.spark_integration import dataset
 from arrangedb.spark_integration.dataset import Layout
+from arrangedb.spark_integration.task import raise_refusal
 from arrangedb.spark_integration.view_tasks import (INLINE_ROWS, ROUTE, VIEW_REPORT, ViewSpec,
                                                     definition, delta_schema, state_aggs,
                                                     view_spec, view_tasks)
@@ -73,6 +75,8 @@ def reduce_changes(spark, left, right, jspec, by, aggs, out_schema, since, upto,
     if upto is not None and upto <= since:
         raise ValueError(f"upto={upto} must be greater than since={since}")
     state_aggs(aggs, jspec.out_schema, "snapshot_reduce")   # refused before any write
+    for ds in (left, right):   # a view (re)built after a compaction starts at its frontier
+        ds.check_since(since)
     path = view_path(left, right, jspec.keys, by, aggs)
     defn = definition(left, right, jspec.keys, by, aggs, jspec.out_schema, out_schema)
     spec = view_spec(defn, path, cfg, metrics)
@@ -109,16 +113,18 @@ def _inline(m: dict, since: int, upto: int) -> pa.Table | None:
         if "changes" not in c or c["lower"] < since or c["upper"] > upto:
             return None
         tables.append(pa.ipc.open_stream(base64.b64decode(c["changes"])).read_all())
-    return pa.concat_tables(tables) if tables else None
+    # one chunk: Spark's createDataFrame drops the rows after an empty record batch
+    return pa.concat_tables(tables).combine_chunks() if tables else None
 
 
-def _kept_changes(reports) -> str | None:
-    """The view tasks' finished changes, for the manifest, when every task kept them."""
+def _kept_changes(reports, schema: pa.Schema) -> str | None:
+    """The view tasks' finished changes, for the manifest, when every task kept them.
+    No reports (a step whose join changed nothing: no task got a partial) keep none."""
     blobs = [r["changes"] for r in reports]
     if any(b is None for b in blobs):
         return None
-    tables = [pa.ipc.open_stream(b).read_all() for b in blobs]
-    table = pa.concat_tables(tables)
+    table = pa.concat_tables([schema.empty_table()]
+                             + [pa.ipc.open_stream(b).read_all() for b in blobs]).combine_chunks()
     if table.num_rows > INLINE_ROWS:
         return None
     sink = pa.BufferOutputStream()
@@ -183,7 +189,7 @@ def _step(spark, spec: ViewSpec, m: dict, left, right, n: int) -> dict:
         raise
     reports = [r.asDict() for r in reports]
     return dataset.commit(spec.root, m, reports, sorted({floor, upto - 1}),
-                          entry={"changes": _kept_changes(reports)},
+                          entry={"changes": _kept_changes(reports, spec.out_schema)},
                           inputs={"left": dataset.through(ml), "right": dataset.through(mr)})
 
 
@@ -217,13 +223,25 @@ def fusable(ds, m: dict, path: str, vm: dict, time: int, cfg, metrics):
 def commit_fused(ds_path: str, m: dict, path: str, vm: dict, spec: ViewSpec, side: str,
                  rows, times, batch_id) -> dict:
     """Commit the dataset's write, then the view's step (its inputs: the new version of
-    the written side, the other as it was)."""
+    the written side, the other as it was).
+
+    Once the dataset's commit has landed the write is done: raising then would tell the
+    caller it failed, and a retry would write it twice. So the view's entry is prepared
+    before it, and a view commit that still fails only leaves the view behind (its next
+    read steps it), with a warning."""
     written = [r for r in rows if r["target"] == "dataset"]
     stepped = [r for r in rows if r["target"] == "view"]
+    entry = {"changes": _kept_changes(stepped, spec.out_schema)}
     new_m = dataset.commit(ds_path, m, written, times, batch_id=batch_id)
     inputs = dict(vm["inputs"], **{side: dataset.through(new_m)})
-    dataset.commit(path, vm, stepped, sorted({spec.step_since, spec.step_upto - 1}),
-                   entry={"changes": _kept_changes(stepped)}, inputs=inputs)
+    try:
+        dataset.commit(path, vm, stepped, sorted({spec.step_since, spec.step_upto - 1}),
+                       entry=entry, inputs=inputs)
+    except Exception as e:   # noqa: BLE001 -- the write is committed whatever this was
+        warnings.warn(f"the write into {ds_path!r} is committed at time {max(times)}, but "
+                      f"the view {path!r} could not record its step ({type(e).__name__}: "
+                      f"{e}); its next read brings it up to date", RuntimeWarning,
+                      stacklevel=2)
     return new_m
 
 
@@ -260,9 +278,10 @@ def write_and_step(ds, df, spec, m: dict, t: int, batch_id) -> bool:
                         .mapInArrow(on_workers("view_tasks", "fused_apply", view),
                                     spark_schema(fused_report_schema()))
                         .collect())
-            except BaseException:
+            except BaseException as e:
                 dataset.remove_attempts(ds.path, spec.version, keep=())
                 dataset.remove_attempts(path, view.version, keep=())
+                raise_refusal(e)
                 raise
             rows = [{k.removeprefix("__report_"): v for k, v in r.asDict().items()}
                     for r in rows]

@@ -130,6 +130,18 @@ def test_datasets_read_at_every_time_equal_spark(living):
     assert rows(snapshot_join(o, c, "cid")) == rows(h.joined(3))   # latest by default
 
 
+def test_a_reduce_over_a_join_at_a_time_groups_the_rows_of_that_time(living):
+    """As Spark's groupBy of the same DataFrame: the join's at= is the reduce's."""
+    h, o, c, _ = living
+    joined = snapshot_join(o, c, "cid", at=1)
+    assert rows(snapshot_reduce(joined, "region", AGGS)) == rows(h.per_region(1))
+    assert rows(snapshot_reduce(joined, "region", AGGS, at=1)) == rows(h.per_region(1))
+    with pytest.raises(ValueError, match="the join reads at=1"):
+        snapshot_reduce(joined, "region", AGGS, at=2)
+    with pytest.raises(ValueError, match="the join reads at=1"):
+        snapshot_reduce(joined, "region", AGGS, since=1)
+
+
 def test_join_changes_between_times_equal_the_difference_of_snapshots(living):
     h, o, c, _ = living
     got = rows(snapshot_join(o, c, "cid", since=1, upto=4))
@@ -176,7 +188,8 @@ def test_a_commit_behind_the_view_lands_at_its_next_time(spark, tmp_path):
     customers = spark.createDataFrame([(k, f"r{k % 3}") for k in range(7)],
                                       "cid long, region string")
     o = arrange_df(orders, "cid", path=tmp_path / "o", num_partitions=2)
-    c = arrange_df(customers, "cid", path=tmp_path / "c", num_partitions=2, unique=True)
+    # not unique: the insert below gives customer 1 a second row
+    c = arrange_df(customers, "cid", path=tmp_path / "c", num_partitions=2)
     aggs = {"n": ("count", None), "x": ("sum", "x")}
     for t in (1, 2, 3):
         o.insert(spark.createDataFrame([(t, 100.0 * t)], "cid long, x double"))

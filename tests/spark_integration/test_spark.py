@@ -249,3 +249,35 @@ def test_snapshot_reduce_types_decimals_as_spark_does(spark):
                                F.sum("w").alias("sw"), F.avg("w").alias("mw"))
     assert [f.dataType for f in got.schema.fields] == [f.dataType for f in want.schema.fields]
     assert sorted(map(tuple, got.collect())) == sorted(map(tuple, want.collect()))
+
+
+def test_timestamp_columns_are_joined_grouped_and_arranged_as_spark_does(spark, tmp_path):
+    """Spark's timestamp (the type of current_timestamp(), to_timestamp(), Parquet
+    written by Spark) in a DataFrame whether the query uses it or not, as a group and a
+    join key, in a session time zone that is not UTC."""
+    zone = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "Europe/Berlin")   # DST starts at 2:00
+    try:
+        _timestamps_as_spark(spark, tmp_path)
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", zone)
+
+
+def _timestamps_as_spark(spark, tmp_path):
+    import datetime
+
+    from pyspark.sql import functions as F
+
+    day = datetime.datetime(2024, 3, 31, 1, 30)
+    ev = spark.createDataFrame([(k % 4, day + datetime.timedelta(hours=k), k / 2)
+                                for k in range(12)], "k long, ts timestamp, x double")
+    dim = spark.createDataFrame([(k, f"n{k}") for k in range(3)], "k long, name string")
+    assert rows(snapshot_join(ev, dim, "k")) == rows(ev.join(dim, "k"))
+    assert rows(snapshot_reduce(ev, "k", {"s": ("sum", "x")})) == \
+        rows(ev.groupBy("k").agg(F.sum("x")))
+    assert rows(snapshot_reduce(ev, "ts", {"n": ("count", None), "hi": ("max", "ts")})) == \
+        rows(ev.groupBy("ts").agg(F.count("*"), F.max("ts")))
+    by_time = arrange_df(ev, "ts", path=tmp_path / "ev", num_partitions=2)
+    assert rows(snapshot_join(by_time, ev.select("ts", "k"), "ts")) == \
+        rows(ev.join(ev.select("ts", F.col("k").alias("right_k")), "ts")
+             .select("ts", F.col("k").alias("left_k"), "x", "right_k"))
