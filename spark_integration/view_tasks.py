@@ -15,18 +15,16 @@ time ``v`` to ``upto``:
    sums within groups) and writes, per changed group and time, the retraction of the
    old state and the new state: a commit of the view dataset (:mod:`.dataset`).
 
-The output's changes in ``[since, upto)`` are then the view's own changes, read from
-the view's partitions and finished into aggregates; a step's changes, when few (as the
-per-region changes of a day), are also kept in the view's manifest, so that reading
-them runs no job.
+The output's changes in ``[since, upto)`` are then the view's own changes, read from the
+view's partitions and finished into aggregates; a step's changes, when few (as the
+per-region changes of a day), are also kept in its manifest: reading them runs no job.
 
 An ``insert`` (``upsert``, ``delete``) into an input of an up-to-date view steps the
 view in the insert's own job: each writing task joins its partition's new updates with
 the other input's partition, and the partials go on to the view's tasks -- one job, two
 commits (the dataset's, then the view's; a view left behind by a crash between them is
-stepped by its next read). Count, sum and mean are linear, so
-their state is exact; min, max and count_distinct would need each group's multiset and
-are refused here (``at=`` snapshots compute them).
+stepped by its next read). Count, sum and mean are linear, so their state is exact; min,
+max and count_distinct would need each group's multiset: refused here (``at=`` reads them).
 """
 
 from __future__ import annotations
@@ -318,8 +316,7 @@ def _state_updates(engine, spec: ViewSpec, pid: int, deltas: pa.Table) -> pa.Tab
     deltas = null_safe_keys(deltas, spec.by)
     deltas = deltas.take(pc.sort_indices(deltas, [(k, "ascending") for k in keys + [TIME]]))
     n = deltas.num_rows
-    starts = np.zeros(n, bool)
-    starts[0] = True
+    starts = np.arange(n) == 0
     for k in keys:   # a group begins where any key column changes
         col = deltas.column(k).combine_chunks()
         starts[1:] |= pc.not_equal(col.slice(1), col.slice(0, n - 1)) \
@@ -327,7 +324,8 @@ def _state_updates(engine, spec: ViewSpec, pid: int, deltas: pa.Table) -> pa.Tab
     gid = np.cumsum(starts) - 1
     first = np.flatnonzero(starts)
     groups = deltas.select(keys).take(pa.array(first))
-    old = {v: np.zeros(len(first), _dtype(spec.val_schema.field(v).type)) for v in vals}
+    old = {v: np.zeros(len(first), np.float64 if pa.types.is_floating(
+        spec.val_schema.field(v).type) else np.int64) for v in vals}
     if spec.view is not None:
         current = load_partition(engine, spec.view, pid)
         found = current.lookup(groups, at=spec.view.at)
@@ -373,10 +371,6 @@ def _running_sums(d: np.ndarray, old: np.ndarray, first: np.ndarray,
         rows = order[lo:hi]
         new[rows] += new[rows - 1]
     return new
-
-
-def _dtype(t: pa.DataType):
-    return np.float64 if pa.types.is_floating(t) else np.int64
 
 
 def view_changes(batches, spec: ViewSpec):
