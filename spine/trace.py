@@ -273,14 +273,13 @@ class Trace:
         return pa.RecordBatchReader.from_batches(schema, gen())
 
     def changes(self, since: int, upto: int | None = None) -> pa.RecordBatchReader:
-        """Consolidated updates with ``since <= time < upto``: key, vals, time, diff."""
+        """Consolidated updates with ``since <= time < upto``: key, vals, time, diff. They
+        start from the state at ``since - 1``, which must not be before the frontier."""
         self._check_open()
         for name, value in (("since", since), ("upto", upto)):
             if value is not None and (not isinstance(value, (int, np.integer)) or value < 0):
                 raise ValueError(f"{name}={value!r}: times are non-negative ints")
         frontier = self.spine.since
-        # the changes since ``since`` are told from the state at since - 1: a time the
-        # trace still distinguishes only at or after the frontier
         if frontier and (since and since <= frontier or upto is not None and upto <= frontier):
             raise ValueError(f"changes({since}, {upto}) reaches before the logical compaction "
                              f"frontier {frontier}: those times have been compacted away")
@@ -415,9 +414,6 @@ class Appender:
 
 def _record_batch(schema: pa.Schema, keys: pa.Table, vals: pa.Table | None,
                   extra: list[np.ndarray]) -> pa.RecordBatch:
-    arrays = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in keys.columns]
-    if vals is not None:
-        arrays += [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c
-                   for c in vals.columns]
-    arrays += [pa.array(e) for e in extra]
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+    cols = list(keys.columns) + (list(vals.columns) if vals is not None else [])
+    arrays = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in cols]
+    return pa.RecordBatch.from_arrays(arrays + [pa.array(e) for e in extra], schema=schema)

@@ -235,9 +235,7 @@ class RunBuilder:
                         to_merge = self.merged_ahead(total_rows, row_bytes, run_bytes)
                 batches = itertools.chain([first] if first is not None else [], stream)
             for rb in pieces(batches, max(run_bytes, 1)):   # cut below, where runs end
-                # a plan being read holds more as it goes (its readers' decoded parts):
-                # the run keeps to what they leave free
-                run_bytes = min(run_bytes, self.run_bytes(size))
+                run_bytes = min(run_bytes, self.run_bytes(size))   # as a plan read holds more
                 upd = to_updates(rb, cols, self.key_schema, self.val_schema, lower)
                 if lower and cols.time and len(upd) and int(upd.times.min()) < lower:
                     raise ValueError(
@@ -328,11 +326,9 @@ class RunBuilder:
 
     def run_bytes(self, own: int = 0) -> int:
         """What the next run's sort may hold (:func:`sort_cost`): half the budget, less
-        when other holders leave less than that free (three quarters of it: they may grow
-        while the run sorts; ``own``: what of the budget's holdings is the run's own
-        buffer), never less than a part. Fewer,
-        longer runs mean less merging down to the read fan-in: at 512 MiB, 40M rows of
-        (int64, float64) sort into 16 runs, all read as they are (fan-in 16)."""
+        when others leave less free (3/4 of it: they may grow while it sorts; ``own``:
+        the run's own buffer), never less than a part. Fewer, longer runs mean less
+        merging down: 40M (int64, float64) rows at 512 MiB sort into 16 runs, all read."""
         if self.ctx.run_bytes:
             return self.ctx.run_bytes
         budget = self.ctx.budget
@@ -406,10 +402,9 @@ class RunBuilder:
         """Merge the oldest runs (up to ``_MERGE_FAN_IN`` at a time) until at most
         ``ctx.read_fan_in`` remain: few enough for a reader to walk them all at once
         within the budget, one decoded part each (see ``StorageContext.for_budget``).
-        The ``oversized`` runs (the oldest) have parts too large for that walk
-        (:meth:`merged_part_bytes`): they are merged whatever the count. If a merge
-        fails, the outputs made so far are dropped and ``runs`` are left to the caller
-        as they were."""
+        The ``oversized`` runs (the oldest), with parts too large for that walk, are
+        merged whatever the count. If a merge fails, the outputs made so far are
+        dropped and ``runs`` are left to the caller as they were."""
         big = {id(r) for r in oversized}
         runs = [r for r in runs if len(r)]
         fan_in = self.ctx.read_fan_in
