@@ -439,7 +439,8 @@ def ad_preagg_change(engine, orders_t, preagg_t, customers_t) -> pa.Table:
     delta = _read_all(group_by(orders_t.changes(1, 2), by="customer_id",
                                aggs={"dn": ("count", None), "ds": ("sum", "amount")},
                                weight="diff", engine=engine)).sort_by("customer_id")
-    schema = pa.schema([("customer_id", pa.int64()), ("n", pa.int64()), ("s", pa.float64()),
+    s_type = preagg_t.val_schema.field("s").type   # int64 sums of integer amounts
+    schema = pa.schema([("customer_id", pa.int64()), ("n", pa.int64()), ("s", s_type),
                         ("time", pa.uint64()), ("diff", pa.int64())])
 
     def updates():
@@ -451,7 +452,7 @@ def ad_preagg_change(engine, orders_t, preagg_t, customers_t) -> pa.Table:
             old = preagg_t.lookup(d.select(["customer_id"]), at=0)
             qi = old.column("query_index").to_numpy()
             n_old = np.zeros(d.num_rows, np.int64)
-            s_old = np.zeros(d.num_rows, np.float64)
+            s_old = np.zeros(d.num_rows, s_type.to_pandas_dtype())
             has_old = np.zeros(d.num_rows, bool)
             n_old[qi] = old.column("n").to_numpy()
             s_old[qi] = old.column("s").to_numpy()
