@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from arrangedb.pager import disk
+from arrangedb.spine import SchemaError, convertible
 from arrangedb.spark_integration import config, dataset, parquet_source
 from arrangedb.spark_integration.dataset import Layout
 from arrangedb.spark_integration.dataset_tasks import REPORT, WriteSpec
@@ -193,6 +194,7 @@ class ArrangedDataset:
             if latest is not None and t <= latest:
                 raise ValueError(f"{mode} at time {t}: the dataset's latest time is "
                                  f"{latest}; a new time must be later")
+            _check_types(mode, df, cols, diff, self.schema)
             types = {f.name: f.dataType for f in spark_schema(self.schema).fields}
             # the dataset's types: Spark hashes an int as it hashes an int, not a long
             sel = [F.col(c).cast(types[c]).alias(c) for c in cols]
@@ -310,3 +312,16 @@ def _on_each(spark, n: int, function: str, *args) -> list:
     rows = spark.range(0, n, 1, max(n, 1)).mapInArrow(
         on_workers("dataset_tasks", function, *args), spark_schema(REPORT)).collect()
     return [r.asDict() for r in rows]
+
+
+def _check_types(mode: str, df, cols: list[str], diff: str | None, schema: pa.Schema) -> None:
+    """A column of another kind of value than the dataset's is refused, as an insert into
+    a trace refuses it (Spark's cast would turn '3' into 3 and 0.5 into 0)."""
+    given = arrow_schema(df.select(*cols + ([diff] if diff else [])).schema)
+    for c in cols:
+        if not convertible(given.field(c).type, schema.field(c).type):
+            raise SchemaError(f"{mode}: column {c!r} has type {given.field(c).type}, the "
+                              f"dataset's is {schema.field(c).type}")
+    if diff is not None and not pa.types.is_integer(given.field(diff).type):
+        raise SchemaError(f"{mode}: diff column {diff!r} must hold integers, not "
+                          f"{given.field(diff).type}")

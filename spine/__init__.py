@@ -11,7 +11,7 @@ Spark integration use; they import nothing else of the spine.
 """
 
 from arrangedb.spine.data import roles
-from arrangedb.spine.data.ingest import Columns, SchemaError, open_batches
+from arrangedb.spine.data.ingest import Columns, SchemaError, convertible, open_batches
 from arrangedb.spine.data.kernels import consolidate, count_through
 from arrangedb.spine.data.layout import ranges
 from arrangedb.spine.data.codes import absolute_codes, codes, is_absolute
@@ -29,7 +29,7 @@ from arrangedb.spine.engine import Engine, engine_for
 
 __all__ = [
     "Block", "Columns", "Engine", "SchemaError", "Trace", "TraceHandle", "Updates",
-    "absolute_codes", "is_absolute",
+    "absolute_codes", "convertible", "is_absolute",
     "batch_part_blocks", "blocks", "co_blocks", "codes", "consolidate", "count_through",
     "all_equal", "dictionary_schema", "engine_for", "is_constant", "is_identity",
     "nonnegative_at",

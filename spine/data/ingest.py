@@ -328,7 +328,7 @@ def cast_column(col, field: pa.Field, what: str, whose: str = "the arrangement's
     if col.type == field.type:
         return col
     mismatch = f"{what} {field.name!r} has type {col.type}, {whose} is {field.type}"
-    if not _same_kind(col.type, field.type):
+    if not convertible(col.type, field.type):
         raise SchemaError(mismatch)
     try:
         return col.cast(field.type)   # safe: a value that does not fit raises
@@ -343,7 +343,9 @@ _KINDS = (pa.types.is_integer, pa.types.is_decimal, pa.types.is_date,
           lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t))
 
 
-def _same_kind(src: pa.DataType, dst: pa.DataType) -> bool:
+def convertible(src: pa.DataType, dst: pa.DataType) -> bool:
+    """Whether values of type ``src`` are converted to ``dst`` (one kind of value; the
+    values themselves must still fit)."""
     if pa.types.is_null(src):   # a column of nulls only
         return True
     if pa.types.is_floating(dst):

@@ -80,3 +80,21 @@ def test_an_upsert_streams_through_the_task_budget(spark, tmp_path):
     got = {r["k"]: r["v"] for r in snapshot_join(probe, ds, "k").collect()}
     assert got == {k: "b" * 300 + str(k) for k in (0, 999, 1000, n - 1)}
     assert snapshot_reduce(ds, "k", {"n": ("count", None)}).count() == n
+
+
+def test_a_write_of_another_kind_of_value_is_refused_and_nothing_committed(spark, tmp_path):
+    """Spark would cast '3' to 3 and a diff of 0.5 to 0; a write refuses them as an insert
+    into a trace does, naming the column."""
+    from arrangedb import SchemaError
+
+    c = arrange_df(spark.createDataFrame([(k, f"r{k}") for k in range(5)], CUSTOMERS), "cid",
+                   path=tmp_path / "c", num_partitions=2)
+    with pytest.raises(SchemaError, match="column 'cid' has type string, the dataset's is int64"):
+        c.insert(spark.createDataFrame([("7", "r7")], "cid string, region string"))
+    with pytest.raises(SchemaError, match="diff column 'd' must hold integers"):
+        c.insert(spark.createDataFrame([(7, "r7", 0.5)], "cid long, region string, d double"),
+                 diff="d")
+    assert c.times() == [0] and unnamed_directories(c) == []
+    c.insert(spark.createDataFrame([(7, "r7")], "cid int, region string"))   # a narrower int
+    got = snapshot_reduce(c, "cid", {"n": ("count", None)}).collect()
+    assert sorted((r["cid"], r["n"]) for r in got)[-1] == (7, 1) and c.times() == [0, 1]
