@@ -15,7 +15,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from arrangedb.pager import disk
-from arrangedb.spark_integration.dataset import Layout, attempt_prefix, check_keys, part_dir
+from arrangedb.spark_integration.dataset import (Layout, attempt_prefix, check_keys, part_dir,
+                                                parts_at, read_manifest, resolve_at)
 from arrangedb.spark_integration.task import Refused, Task, task_ids
 
 TIME = "__arrangedb_time"
@@ -28,6 +29,12 @@ def load_partition(engine, layout: Layout, pid: int):
     as one trace; then the updates of ``layout.fresh`` (a view's step), at
     ``layout.floor`` or later."""
     dirs = [os.path.join(layout.root, d) for d in layout.parts[pid]]
+    if not layout.fresh and not all(os.path.isdir(d) for d in dirs):
+        # a compaction since the query was planned replaced them: the same time, read
+        # from the commits that hold it now
+        m = read_manifest(layout.root)
+        dirs = [os.path.join(layout.root, d)
+                for d in parts_at(m, resolve_at(m, layout.at, layout.root))[pid]]
     fresh = [_at_least(engine.load(os.path.join(layout.root, d)).changes(0), layout.floor)
              for _time, parts in layout.fresh for d in parts[pid]]
     if not dirs:

@@ -312,12 +312,17 @@ def test_compaction_folds_history_and_refuses_earlier_reads(spark, tmp_path):
         ds.insert(spark.createDataFrame([(t, 100 + t)], "k long, v long"))
     at3 = rows(snapshot_join(ds, ds, "k"))
     at2 = rows(snapshot_join(ds, ds, "k", at=2))
+    planned = {t: snapshot_reduce(ds, "k", {"n": ("count", None)}, at=t) for t in (1, 2, 3)}
     ds.compact(before=2)
     assert ds.times() == [2, 3]
     assert rows(snapshot_join(ds, ds, "k")) == at3
     assert rows(snapshot_join(ds, ds, "k", at=2)) == at2
     with pytest.raises(ValueError, match="compaction frontier"):
         snapshot_join(ds, ds, "k", at=1)
+    # planned before the compaction: its directories are gone, its times are not
+    assert rows(planned[3])[(3, 2)] == 1 and rows(planned[2])[(3, 1)] == 1
+    with pytest.raises(Exception, match="compaction frontier"):
+        planned[1].collect()
     dirs = [d for p in os.listdir(ds.path) if p.startswith("part-")
             for d in os.listdir(os.path.join(ds.path, p))]
     assert len(dirs) <= 2     # one merged directory per partition
