@@ -165,21 +165,29 @@ def _check_unique(trace, keys) -> None:
 
 
 def _check_unique_insert(engine, trace, spec: WriteSpec, pid: int) -> None:
-    """An insert into a unique dataset leaves each key at most one row: the key's rows
-    before it plus the insert's net count, per block of the keys it touches (one
-    batched lookup each)."""
-    import arrangedb as adb
-
+    """An insert into a unique dataset leaves each key at most one row, and retracts
+    only rows it holds: the touched keys' rows before it plus the insert's net count of
+    each row, per block of the keys it touches (one batched lookup each)."""
     current = load_partition(engine, spec.current, pid)
-    for out in adb.reduce(trace, {"__n": ("count", None)}):
-        keys = pa.table([out.column(k) for k in spec.key], names=spec.key)
+    cols = spec.key + spec.vals
+    for b in trace.snapshot():   # the insert's net rows, in key order
+        new = pa.table({c: b.column(c) for c in cols + ["count"]})
+        keys = new.select(spec.key).group_by(spec.key).aggregate([])
         old = current.lookup(keys, at=spec.current.at)
-        total = out.column("__n").to_numpy(zero_copy_only=False).astype(np.int64)
-        np.add.at(total, old.column("query_index").to_numpy(zero_copy_only=False),
-                  old.column("count").to_numpy(zero_copy_only=False).astype(np.int64))
-        repeated = np.flatnonzero(total > 1)
-        if repeated.size:
-            some = keys.take(pa.array(repeated[:3])).to_pylist()
+        old = pa.table({c: old.column(c).cast(new.schema.field(c).type)
+                        for c in cols + ["count"]})
+        net = pa.concat_tables([new, old]).group_by(cols, use_threads=False).aggregate(
+            [("count", "sum")])
+        counts = net.column("count_sum").to_numpy(zero_copy_only=False)
+        if (counts < 0).any():
+            some = net.filter(pa.array(counts < 0)).select(cols).slice(0, 3).to_pylist()
+            raise Refused(f"insert: the dataset is unique=True on key column(s) {spec.key}, "
+                          f"and the insert retracts rows it does not hold: {some}")
+        held = net.filter(pa.array(counts > 0)).group_by(spec.key).aggregate(
+            [("count_sum", "sum")])
+        repeated = held.filter(pc.greater(held.column("count_sum_sum"), 1))
+        if repeated.num_rows:
+            some = repeated.select(spec.key).slice(0, 3).to_pylist()
             raise Refused(f"insert: the dataset is unique=True on key column(s) {spec.key}, "
                           f"and the insert would give keys {some} a second row; use "
                           f"upsert to replace a key's row")

@@ -53,6 +53,11 @@ def test_an_insert_giving_a_unique_key_a_second_row_is_refused(spark, tmp_path):
     now = [r for r in customers if r[0] != 1] + [(1, "s1"), (8, "r8")]
     everyone = spark.createDataFrame([(k,) for k in range(10)], "cid long")
     assert rows(snapshot_join(everyone, c, "cid")) == Counter(now)
+    # a retraction of a row the key does not hold, beside a new row for it: refused
+    with pytest.raises(ValueError, match=r"retracts rows it does not hold: \[\{'cid': 2"):
+        c.insert(spark.createDataFrame([(2, "zz", -1), (2, "new", 1)], CUSTOMERS + ", d long"),
+                 diff="d")
+    assert c.times() == [0, 1] and unnamed_directories(c) == []
 
 
 @pytest.mark.slow
