@@ -41,9 +41,9 @@ How a change is computed, by the plan's shape:
     aggregates; a group whose count reaches zero is retracted.
 ``whole``
     Any other plan: it runs again and the difference from the view's contents is
-    inserted (both streamed into the view's runs). Correct for every plan; as costly as the plan; exact at the latest time of
-    each refresh (earlier times of one refresh fold onto it). ``stats()["refresh_kind"]``
-    says which a view uses.
+    inserted (both streamed into the view's runs). Correct for every plan; as costly as
+    the plan; exact at the latest time of each refresh (earlier times of one refresh
+    fold onto it). ``stats()["refresh_kind"]`` says which a view uses.
 """
 
 from __future__ import annotations
@@ -360,19 +360,20 @@ class View(Trace):
         """Run the plan again and insert at ``time`` its rows less the view's: both are
         streamed into the view's runs, which consolidate them (nothing held whole)."""
         cols = self.key_names + self.val_names
-        schema = delta_schema(self).append(pa.field(VIEW_TIME, pa.uint64()))
+        schema = delta_schema(self)
 
         def rows():
             for b in self.plan.to_reader():
-                yield from at_time_table(self._new_rows(pa.Table.from_batches([b]))
-                                         .cast(delta_schema(self)), time).to_batches()
+                new = self._new_rows(pa.Table.from_batches([b]))
+                yield from at_time_table(new.cast(schema), time).to_batches()
             for b in Trace.snapshot(self):
-                yield from at_time_table(as_retractions(pa.Table.from_batches([b]), cols),
-                                         time).cast(schema).to_batches()
+                old = as_retractions(pa.Table.from_batches([b]), cols)
+                yield from at_time_table(old.cast(schema), time).to_batches()
         out = self.appender()   # as large as the plan's output: not kept in memory
         try:
-            out.add(pa.RecordBatchReader.from_batches(schema, rows()), time=VIEW_TIME,
-                    diff=DIFF)
+            out.add(pa.RecordBatchReader.from_batches(
+                schema.append(pa.field(VIEW_TIME, pa.uint64())), rows()),
+                time=VIEW_TIME, diff=DIFF)
             out.finish()
         except BaseException:
             out.abort()

@@ -59,7 +59,7 @@ def change_chunks(traces: list, time: int):
     for step in co_blocks(traces, changes=(time, time + 1)):
         for got, b, schema in zip(pending, step, schemas):
             if len(b):
-                got.append(_change_batch(b, schema))
+                got.append(b.record_batch(schema, b.times, b.counts))
                 held += got[-1].nbytes
         if held >= max_bytes:
             yield [pa.Table.from_batches(p, schema) for p, schema in zip(pending, schemas)]
@@ -67,12 +67,6 @@ def change_chunks(traces: list, time: int):
     if any(pending):
         yield [pa.Table.from_batches(p, schema) for p, schema in zip(pending, schemas)]
 
-
-def _change_batch(b, schema: pa.Schema) -> pa.RecordBatch:
-    cols = list(b.row_keys().columns) + (list(b.vals.columns) if b.vals is not None else [])
-    cols = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in cols]
-    return pa.RecordBatch.from_arrays(cols + [pa.array(b.times), pa.array(b.counts)],
-                                      schema=schema)
 
 
 def key_steps(changes: pa.Table, keys: list[str], keys_per_step: int):

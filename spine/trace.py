@@ -269,7 +269,7 @@ class Trace:
 
         def gen():
             for b in blocks(self, at=at):
-                yield _record_batch(schema, b.row_keys(), b.vals, [b.counts])
+                yield b.record_batch(schema, b.counts)
         return pa.RecordBatchReader.from_batches(schema, gen())
 
     def changes(self, since: int, upto: int | None = None) -> pa.RecordBatchReader:
@@ -287,7 +287,7 @@ class Trace:
 
         def gen():
             for b in blocks(self, changes=(since, upto)):
-                yield _record_batch(schema, b.row_keys(), b.vals, [b.times, b.counts])
+                yield b.record_batch(schema, b.times, b.counts)
         return pa.RecordBatchReader.from_batches(schema, gen())
 
     def cursor(self, at: int | None = None, changes=None, window_rows: int | None = None):
@@ -411,9 +411,3 @@ class Appender:
         for r in runs:
             r.drop()
 
-
-def _record_batch(schema: pa.Schema, keys: pa.Table, vals: pa.Table | None,
-                  extra: list[np.ndarray]) -> pa.RecordBatch:
-    cols = list(keys.columns) + (list(vals.columns) if vals is not None else [])
-    arrays = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in cols]
-    return pa.RecordBatch.from_arrays(arrays + [pa.array(e) for e in extra], schema=schema)

@@ -323,8 +323,8 @@ def cast_column(col, field: pa.Field, what: str, whose: str = "the arrangement's
     """``col`` as ``field``'s type, or a SchemaError naming the column and both types.
     Only a conversion within one kind of value is made (integers of another width, an
     integer or float into a float, another string, decimal, date or timestamp type),
-    and only where every value fits exactly: a string of digits is not an integer, nor a bool a
-    string, whatever the values happen to be."""
+    and only where every value fits exactly: a string of digits is not an integer, nor
+    a bool a string, whatever the values happen to be."""
     if col.type == field.type:
         return col
     mismatch = f"{what} {field.name!r} has type {col.type}, {whose} is {field.type}"
@@ -379,6 +379,9 @@ def to_updates(batch: pa.RecordBatch, cols: Columns, key_schema: pa.Schema,
     return Updates(pa.Table.from_arrays(keys, schema=key_schema), vals, times, diffs)
 
 
+LAST_TIME = (1 << 64) - 1   # refused: the upper frontier past it would not fit a time
+
+
 def _times(batch, name, n, default) -> np.ndarray:
     if name is None:   # one value for every row: a stride-0 view, no 8 bytes a row
         return constant(default, n, np.uint64)
@@ -396,9 +399,6 @@ def _times(batch, name, n, default) -> np.ndarray:
                           "times go up to 2**64 - 2 (a trace's upper frontier is its last "
                           "time + 1)")
     return times
-
-
-LAST_TIME = (1 << 64) - 1
 
 
 def _diffs(batch, name, n, default) -> np.ndarray:

@@ -65,6 +65,14 @@ class Block:
             return self.rows
         return repeat_rows(self.keys, np.diff(self.key_bounds))
 
+    def record_batch(self, schema: pa.Schema, *extra: np.ndarray) -> pa.RecordBatch:
+        """The rows as one record batch of ``schema``: each row's key, its vals, then
+        the ``extra`` columns (counts; times and diffs)."""
+        cols = list(self.row_keys().columns) + (list(self.vals.columns)
+                                                if self.vals is not None else [])
+        arrays = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in cols]
+        return pa.RecordBatch.from_arrays(arrays + [pa.array(e) for e in extra], schema=schema)
+
 
 def _block(keys: pa.Table, vals, counts, times=None, starts: np.ndarray | None = None
            ) -> Block:
