@@ -232,15 +232,20 @@ class View(Trace):
                         if delta is not None and delta.num_rows:
                             yield from at_time_table(delta.cast(schema), t).to_batches()
             # one stream of a time's steps: sorted into runs as large as the budget lets
-            out = self.appender(resident=True)
-            try:
-                out.add(pa.RecordBatchReader.from_batches(
-                    schema.append(pa.field(VIEW_TIME, pa.uint64())), deltas()),
-                    time=VIEW_TIME, diff=DIFF)
-                out.finish()
-            except BaseException:
-                out.abort()
-                raise
+            self._append(schema, deltas(), resident=True)
+
+    def _append(self, schema: pa.Schema, batches, resident: bool) -> None:
+        """Insert a stream of delta batches (``schema`` and ``__view_time``) through one
+        appender: its runs enter the view together, or none does."""
+        out = self.appender(resident=resident)
+        try:
+            out.add(pa.RecordBatchReader.from_batches(
+                schema.append(pa.field(VIEW_TIME, pa.uint64())), batches),
+                time=VIEW_TIME, diff=DIFF)
+            out.finish()
+        except BaseException:
+            out.abort()
+            raise
 
     def _deltas(self, changes: list[pa.Table], time: int, keys_per_step: int):
         """The view's change at ``time`` from its inputs' ``changes`` at that time, in
@@ -369,15 +374,7 @@ class View(Trace):
             for b in Trace.snapshot(self):
                 old = as_retractions(pa.Table.from_batches([b]), cols)
                 yield from at_time_table(old.cast(schema), time).to_batches()
-        out = self.appender()   # as large as the plan's output: not kept in memory
-        try:
-            out.add(pa.RecordBatchReader.from_batches(
-                schema.append(pa.field(VIEW_TIME, pa.uint64())), rows()),
-                time=VIEW_TIME, diff=DIFF)
-            out.finish()
-        except BaseException:
-            out.abort()
-            raise
+        self._append(schema, rows(), resident=False)   # as large as the plan's output
 
     # -- reads refresh first ----------------------------------------------------------
     def check_read_time(self, at):
