@@ -97,6 +97,18 @@ def _summed(slot: np.ndarray, c: np.ndarray, span: int) -> np.ndarray | None:
     return total
 
 
+def _add_repeated(total: np.ndarray, slot: np.ndarray, values: np.ndarray) -> None:
+    """``values`` added into ``total`` at ``slot``, slots repeating: by ``bincount`` over
+    the whole range when the rows are many beside it (exactly, as :func:`_summed`), else
+    by ``np.add.at``, which costs per row only."""
+    if SLOTS_PER_ROW * len(slot) >= len(total):
+        summed = _summed(slot, values, len(total))
+        if summed is not None:
+            total += summed
+            return
+    np.add.at(total, slot, values)
+
+
 class SlotTotals:
     """Running totals per slot of one integer group column, across a grouping's chunks:
     each chunk's grouped partials (one row per group) are added into one array per
@@ -133,10 +145,12 @@ class SlotTotals:
     def nbytes(self) -> int:
         return self.present.nbytes + sum(t.nbytes for t in self.totals.values())
 
-    def add(self, part: pa.Table) -> pa.Table | None:
-        """Add grouped partials (distinct groups); the rows left out (a null group) are
-        returned, or None, with nothing added, when the part's groups would widen the
-        range past ``max_slots`` (or its columns do not fit)."""
+    def add(self, part: pa.Table, distinct: bool = True) -> pa.Table | None:
+        """Add partials: grouped ones (``distinct`` groups), or rows whose groups repeat
+        (``distinct=False``: partials of a first phase as they come, uncombined). The
+        rows left out (a null group) are returned, or None, with nothing added, when the
+        part's groups would widen the range past ``max_slots`` (or its columns do not
+        fit)."""
         column = part.column(self.by)
         if column.type != self.key_type or any(part.column(p).null_count
                                                for p in self.totals):
@@ -153,10 +167,17 @@ class SlotTotals:
                 lo, hi = min(lo, self.lo), max(hi, self.lo + len(self.present) - 1)
             if hi - lo + 1 > self.max_slots:
                 return None
+            values = {p: part.column(p).to_numpy() for p in self.totals}
+            if not distinct and any(v.dtype != self.totals[p].dtype
+                                    for p, v in values.items()):
+                return None
             self._cover(lo, hi)
             slot = _slots(keys, self.lo)
             for p, total in self.totals.items():
-                total[slot] += part.column(p).to_numpy()   # the part's groups are distinct
+                if distinct:
+                    total[slot] += values[p]
+                else:
+                    _add_repeated(total, slot, values[p])
             self.present[slot] = True
         return left
 

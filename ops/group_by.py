@@ -164,6 +164,7 @@ def _run(partials: Partials, batches, engine, batch_rows, first, last):
         budget = engine.budget
         # one integer group column: partials added up per slot of its range, while the
         # range's arrays fit the share; else (and for the rows it cannot take) as below
+        names = partials.partial_schema().names
         slots = SlotTotals.for_partials(partials.partial_schema(), partials.by,
                                         limit // (9 * max(len(partials.partial_schema()), 1)),
                                         partials.added())
@@ -179,14 +180,28 @@ def _run(partials: Partials, batches, engine, batch_rows, first, last):
                 # ~0.2 of its 1.3 s in faults at 512 MiB, ~0.3 of 1.6 at 128 MiB
                 if budget.trim_if_high(share=1.0):   # what was freed before went too
                     start_free = min(start_free, budget.heap_free())
-            part = first(chunk)
+            part = None
             if slots is not None:
-                left = slots.add(part)
-                if left is None:   # the range grew past the share: the general path
-                    part = _joined([slots.table(), part])
-                    slots = None
-                else:
-                    part = left
+                # each row's partials add up by slot as they come: grouping the chunk
+                # first would group it twice (a chunk over a wide range of ids barely
+                # shrinks by it, and hashing is what the slots spare)
+                rows = (chunk.select(names) if first == partials.of_partials
+                        else partials.row_partials(chunk))
+                left = slots.add(rows, distinct=False) if rows is not None else None
+                if left is not None:
+                    if not left.num_rows:
+                        account()
+                        continue
+                    part = partials.combine(left.select(names))   # the null group's rows
+            if part is None:
+                part = first(chunk)
+                if slots is not None:
+                    left = slots.add(part)
+                    if left is None:   # the range grew past the share: the general path
+                        part = _joined([slots.table(), part])
+                        slots = None
+                    else:
+                        part = left
             held.append(part)
             held_bytes += part.nbytes
             account()

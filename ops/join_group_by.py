@@ -92,7 +92,11 @@ def pushdown_side(left, right, by: list[str], aggs: dict, how: str) -> int | Non
     return _pushdown_side(left, right, by, aggs, how)
 
 
-def _coded(t: pa.DataType) -> bool:
+def read_as_codes(t: pa.DataType) -> bool:
+    """Whether a group column of B's of type ``t`` is read as dictionary codes: strings
+    and binaries. Integers are read as they are: a wide-ranging one (a customer id) would
+    be hashed into a dictionary per block, and a narrow one groups by slot
+    (dense_groups) as fast as codes do."""
     return dictionary_readable(t) and not pa.types.is_integer(t)
 
 
@@ -117,10 +121,9 @@ def _fused(a_trace, b_trace, at, by: list[str], where: dict, partials: Partials,
     which decides whether a group exists and whether a sum is null -- needs its
     consolidated count."""
     by_b = [where[b][1] for b in by if where[b][0] == b_side]
-    # strings read as codes: a block's codes group by bincount. Integers are read as
-    # they are: a wide-ranging one (a customer id) would be hashed into a dictionary
-    # per block, and a narrow one groups by slot (dense_groups) as fast as codes do
-    dictionary = frozenset(c for c in by_b if _coded(b_trace.val_schema.field(c).type))
+    # strings read as codes: a block's codes group by bincount
+    dictionary = frozenset(c for c in by_b
+                           if read_as_codes(b_trace.val_schema.field(c).type))
     if key_partials.linear:
         a_gens = batch_part_blocks(a_trace, at, sums=key_partials.sums,
                                    columns=key_partials.columns)
@@ -301,7 +304,24 @@ def grouped_pairs(groups: dict, cols: dict, by: list[str], partials: Partials) -
         return fast
     for p, c in cols.items():
         chunk = chunk.append_column(p, pa.array(c))
+    if _sparse_ints(chunk, by):
+        # ids spread wider than a block's pairs (the customers of a block of orders):
+        # grouping the block would barely shrink it; the grouping downstream adds the
+        # pairs up by slot, or combines many blocks' at once
+        return chunk
     return partials.combine(unified(chunk, by))
+
+
+def _sparse_ints(chunk: pa.Table, by: list[str]) -> bool:
+    """Whether ``chunk`` is grouped on one integer column whose values span at least as
+    many slots as it has rows."""
+    if len(by) != 1 or not pa.types.is_integer(chunk.schema.field(by[0]).type):
+        return False
+    column = chunk.column(by[0])
+    if column.null_count or not len(column):
+        return False
+    lo, hi = pc.min_max(column).values()
+    return hi.as_py() - lo.as_py() + 1 >= len(column)
 
 
 def join_group_by(left, right, by, aggs: dict, at: int | None = None, how: str = "inner",

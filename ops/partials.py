@@ -55,6 +55,36 @@ class Partials:
 
     def of_batch(self, chunk: pa.Table) -> pa.Table:
         chunk = unified(chunk, self.by)
+        cols = self._per_row(chunk)
+        n = chunk.num_rows
+        if all(c is None or isinstance(c, np.ndarray) for c in cols.values()):  # no min/max
+            fast = bincount_groups(chunk, self.by, cols)
+            if fast is None:
+                fast = run_groups(chunk, self.by, cols)
+            if fast is None:
+                fast = dense_groups(chunk, self.by, cols)
+            if fast is not None:
+                return self.fold(fast)
+        table = {b: chunk.column(b) for b in self.by}
+        table.update((p, np.ones(n, np.int64) if c is None else c) for p, c in cols.items())
+        return self.fold(self.combine(pa.table(table)))
+
+    def row_partials(self, chunk: pa.Table) -> pa.Table | None:
+        """The partials of each row of ``chunk`` alone, ungrouped (its group columns and
+        a partial row each), for totals that add rows up as they come; None when a
+        partial does not add up (a min or max) or a sum is a decimal's."""
+        if self.decimal_sums:
+            return None
+        cols = self._per_row(chunk)
+        if not all(c is None or isinstance(c, np.ndarray) for c in cols.values()):
+            return None
+        n = chunk.num_rows
+        table = {b: chunk.column(b) for b in self.by}
+        table.update((p, np.ones(n, np.int64) if c is None else c) for p, c in cols.items())
+        return pa.table(table)
+
+    def _per_row(self, chunk: pa.Table) -> dict:
+        """Per partial, its value for each row of ``chunk`` (None: one per row)."""
         n = chunk.num_rows
         w = (_decoded(chunk.column(self.weight)).to_numpy(zero_copy_only=False)
              .astype(np.int64, copy=False) if self.weight else None)
@@ -82,17 +112,7 @@ class Partials:
                     cols[pname] = arr
                 else:  # min / max over rows present with a positive weight
                     cols[pname] = pc.if_else(pa.array(w > 0), arr, pa.nulls(n, arr.type))
-        if all(c is None or isinstance(c, np.ndarray) for c in cols.values()):  # no min/max
-            fast = bincount_groups(chunk, self.by, cols)
-            if fast is None:
-                fast = run_groups(chunk, self.by, cols)
-            if fast is None:
-                fast = dense_groups(chunk, self.by, cols)
-            if fast is not None:
-                return self.fold(fast)
-        table = {b: chunk.column(b) for b in self.by}
-        table.update((p, np.ones(n, np.int64) if c is None else c) for p, c in cols.items())
-        return self.fold(self.combine(pa.table(table)))
+        return cols
 
     def fold(self, table: pa.Table) -> pa.Table:
         """Grouped partials with the limb columns of decimal sums folded into them."""

@@ -107,6 +107,45 @@ def test_slot_totals_equal_a_plain_model(chunks, max_slots, seed):
         assert abs(row["s"] - model[row["g"]][1]) <= 1e-9 * max(1.0, abs(model[row["g"]][1]))
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 3000), st.integers(1, 400), st.booleans()),
+                min_size=1, max_size=5), st.booleans(), st.integers(0, 2**32 - 1))
+def test_slot_totals_add_rows_whose_groups_repeat(chunks, huge, seed):
+    """Uncombined partial rows (a group on many rows of a chunk) added per slot, by a
+    count over the range when the rows are many beside it and row by row when few;
+    ``huge``: integer sums past what a float64 count holds exactly."""
+    rng = np.random.default_rng(seed)
+    schema = pa.schema([("g", pa.int64()), ("n", pa.int64()), ("s", pa.float64())])
+    totals = SlotTotals.for_partials(schema, ["g"], 1 << 16, frozenset({"n", "s"}))
+    model: dict = {}
+    for rows, spread, null in chunks:
+        keys = rng.integers(-spread, spread, rows)
+        n = rng.integers(-2**40, 2**40, rows) if huge else rng.integers(-5, 6, rows)
+        s = np.round(rng.random(rows) * 10, 2)
+        part = pa.table({"g": pa.array(keys, mask=(rng.random(rows) < 0.1) if null else None),
+                         "n": n, "s": s}, schema=schema)
+        left = totals.add(part, distinct=False)
+        assert left.num_rows == part.column("g").null_count
+        for k, a, b, ok in zip(keys.tolist(), n.tolist(), s.tolist(),
+                               part.column("g").is_valid().to_pylist()):
+            if ok:
+                t = model.setdefault(k, [0, 0.0])
+                t[0] += a
+                t[1] += b
+    got = totals.table()
+    assert got.column("g").to_pylist() == sorted(model)
+    for row in got.to_pylist():
+        assert row["n"] == model[row["g"]][0]
+        assert abs(row["s"] - model[row["g"]][1]) <= 1e-9 * max(1.0, abs(model[row["g"]][1]))
+
+
+def test_slot_totals_refuse_uncombined_rows_of_another_type():
+    totals = SlotTotals.for_partials(pa.schema([("g", pa.int64()), ("n", pa.int64())]),
+                                     ["g"], 100, frozenset({"n"}))
+    assert totals.add(pa.table({"g": [1, 1], "n": [1.0, 2.0]}), distinct=False) is None
+    assert totals.table().num_rows == 0
+
+
 def test_slot_totals_take_counts_and_sums_of_integer_groups_only():
     ints = pa.schema([("g", pa.int64()), ("n", pa.int64())])
     added = frozenset({"n", "s"})
@@ -158,8 +197,8 @@ def test_group_by_over_many_chunks_adds_partials_per_slot(tmp_path, monkeypatch,
 
     added = []
     add = SlotTotals.add
-    monkeypatch.setattr(SlotTotals, "add", lambda self, part: (
-        lambda left: added.append(left is not None) or left)(add(self, part)))
+    monkeypatch.setattr(SlotTotals, "add", lambda self, part, **kw: (
+        lambda left: added.append(left is not None) or left)(add(self, part, **kw)))
     rng = np.random.default_rng(8)
     n = 400_000
     keys = rng.integers(-10_000, 10_000, n)
