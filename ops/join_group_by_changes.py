@@ -30,11 +30,11 @@ import pyarrow as pa
 from arrangedb.ops.aggregate import check_aggs
 from arrangedb.ops.common import DEFAULT_BATCH_ROWS, check_batch_rows
 from arrangedb.ops.group_by import group_by
-from arrangedb.ops.join import (block_changes, check_traces, dictionary_readable, join,
+from arrangedb.ops.join import (block_changes, check_traces, join,
                                 output_schema)
 from arrangedb.ops.coded_groups import coded_groups
 from arrangedb.ops.join_group_by import (grouped_pairs, key_pairs, output_sides,
-                                         pushdown_side)
+                                         pushdown_side, read_as_codes)
 from arrangedb.ops.key_partials import KeyPartials
 from arrangedb.ops.match import match_keys
 from arrangedb.ops.partials import Partials, partial_names, plain_schema
@@ -75,7 +75,7 @@ def join_group_by_changes(left, right, by, aggs: dict, since: int, upto: int | N
     b_side = 1 - side
     by_b = [where[b][1] for b in by if where[b][0] == b_side]
     b_trace = (left, right)[b_side]
-    b_dict = frozenset(c for c in by_b if dictionary_readable(b_trace.val_schema.field(c).type))
+    b_dict = frozenset(c for c in by_b if read_as_codes(b_trace.val_schema.field(c).type))
     dictionary = [frozenset(), frozenset()]
     dictionary[b_side] = b_dict
     coded_schema = output_schema(left, right, "inner", True, tuple(dictionary))
