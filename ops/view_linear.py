@@ -21,8 +21,8 @@ from arrangedb.ops.common import names
 from arrangedb.ops.group_by import group_by
 from arrangedb.ops.join import join
 from arrangedb.ops.planner import coded_group_columns, params
-from arrangedb.ops.view_delta import DIFF, as_retractions, delta_schema
-from arrangedb.spine import Trace
+from arrangedb.ops.view_delta import DIFF, as_retractions, change_times, delta_schema
+from arrangedb.spine import Trace, holds_nulls
 
 
 def apply_linear(view, lower: int, upper: int) -> bool:
@@ -41,15 +41,20 @@ def apply_linear(view, lower: int, upper: int) -> bool:
             if any(b.column(c).null_count or _non_finite_retracted(b, c) for c in columns):
                 raise _NotFromChanges
             yield b
-    try:   # grouped by time too: each time's change per group at once
+    # changes at several times are grouped by time too: each time's change per group,
+    # all in one pass; at one time (a refresh after each insert), by the groups alone,
+    # which an integer group column adds up by slot rather than hashing
+    times = change_times(view.inputs, lower, upper)
+    by = names(g["by"]) + (["time"] if len(times) > 1 else [])
+    try:
         grouped = group_by(pa.RecordBatchReader.from_batches(changes.schema, checked()),
-                           names(g["by"]) + ["time"], g["aggs"], weight="diff",
-                           engine=g["engine"]).read_all()
+                           by, g["aggs"], weight="diff", engine=g["engine"]).read_all()
     except _NotFromChanges:
         return False
-    times = grouped.column("time").to_numpy()
-    for t in np.unique(times).tolist():
-        delta = grouped.filter(pa.array(times == t)).drop_columns(["time"])
+    at = grouped.column("time").to_numpy() if len(times) > 1 else None
+    for t in times:
+        delta = grouped if at is None else grouped.filter(pa.array(at == t)).drop_columns(
+            ["time"])
         delta = delta.cast(pa.schema([view.key_schema.field(f.name)
                                       if f.name in view.key_names else f
                                       for f in delta.schema]))
@@ -118,8 +123,7 @@ def summed_nulls(node) -> bool:
     j = params(g["stream"]._node)
     columns = set(summed(g["aggs"]))
     for t in (j["left"], j["right"]):
-        cols = [c for c in t.val_names if c in columns]
-        if cols and any(b.column(c).null_count for b in t.snapshot() for c in cols):
+        if any(holds_nulls(t, c) for c in t.val_names if c in columns):
             return True
     return False
 

@@ -249,6 +249,16 @@ def batch_part_blocks(trace, at: int | None = None, dictionary: frozenset = froz
             for b in _visible(trace, at)]
 
 
+def holds_nulls(trace, column: str) -> bool:
+    """Whether val ``column`` holds a null in the trace's snapshot: told by the counts
+    the parts recorded when written, without a read, when none holds one; else (a null
+    stored, maybe retracted since, or a part that does not say) by reading the column."""
+    counts = [p.val_nulls(column) for b in trace.batches() for p in b.parts]
+    if all(c == 0 for c in counts):
+        return False
+    return any(b.column(column).null_count for b in trace.snapshot())
+
+
 def _visible(trace, at) -> list:
     return [b for b in trace.batches() if len(b) and _may_matter(b, at, None, trace.since)]
 

@@ -120,6 +120,7 @@ def write_part(writer, index: int, layout: PartLayout, codec: str, schemas,
             arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
             g, s, enc = _encode_group(writer, f"p{index}/{fname}/{col_name}", arr, codec,
                                       choices)
+            g["nulls"] = arr.null_count   # known without a decode (Part.val_nulls)
             groups.append(g)
             stored += s
             sums = key_sums.of_column(arr, enc) if key_sums and fname == "vals" else None

@@ -236,6 +236,10 @@ class PagedPart(Part):
                                      f"sums of {f!r} for {num_keys} keys")
         return out
 
+    def val_nulls(self, name: str) -> int | None:
+        """From the count the part's writer recorded (parts written before it did: None)."""
+        return next((g.get("nulls") for _, g in self._val_groups((name,))), 0)
+
     def _val_groups(self, names) -> list[tuple[str, dict]]:
         """(name, encoded group) of the val columns among ``names``."""
         return [(f, g) for f, g in zip(self.schemas[1].names, self.columns["vals"])

@@ -166,6 +166,12 @@ class Part:
         needs (None: all); the layout may hold more."""
         return self.stored_layout(dictionary), {}, None
 
+    def val_nulls(self, name: str) -> int | None:
+        """How many of the part's stored values of val column ``name`` are null; None
+        when the part does not know without reading them."""
+        vals = self.layout().vals
+        return vals.column(name).null_count if vals is not None else 0
+
     def min_diff(self) -> int:
         """The smallest diff stored in the part (1 when it holds none)."""
         diffs = self.layout().diffs

@@ -65,6 +65,10 @@ class ResidentPart(Part):
     def layout(self):
         return to_layout(self.updates)
 
+    def val_nulls(self, name: str) -> int | None:
+        vals = self.updates.vals
+        return vals.column(name).null_count if vals is not None else 0
+
     def min_diff(self) -> int:
         diffs = self.updates.diffs   # (no layout: an insert asks this of every run)
         return int(diffs.min()) if len(diffs) else 1

@@ -182,3 +182,34 @@ def test_stored_key_sums_of_integers_under_one_time(spill, monkeypatch, counts):
             assert sums[name].tolist() == want.tolist()
     finally:
         pf.close()
+
+
+
+def test_nulls_of_a_val_column_are_known_without_a_read(tmp_path, monkeypatch):
+    """Parts record how many values of each val column are null as they are written
+    (paged and resident ones), so ``holds_nulls`` answers without reading a column that
+    holds none; a null stored, even retracted since, or a part written without the
+    count, is settled by reading the column."""
+    from arrangedb import Engine
+    from arrangedb.spine import Trace, holds_nulls
+
+    data = pa.table({"k": np.arange(2000), "x": np.arange(2000) * 0.5,
+                     "y": pa.array([None] + list(range(1999)), pa.int64())})
+    reads = []
+    snapshot = Trace.snapshot
+    monkeypatch.setattr(Trace, "snapshot", lambda *a, **k: reads.append(1) or snapshot(*a, **k))
+    with Engine(spill_dir=tmp_path, memory_budget="64MiB", idle_merge=False) as e:
+        t = e.arrange(data, key=["k"])
+        t.insert(data.slice(5, 3).append_column("d", pa.array([1, 1, 1])), diff="d")
+        kinds = {type(p).__name__ for b in t.batches() for p in b.parts}
+        assert kinds == {"PagedPart", "ResidentPart"}
+        assert not holds_nulls(t, "x") and not reads
+        assert holds_nulls(t, "y") and reads
+        t.insert(data.slice(0, 1).append_column("d", pa.array([-1])), diff="d")
+        assert not holds_nulls(t, "y")   # retracted: the stored null is read and cancels
+        for b in t.batches():
+            for p in b.parts:
+                for g in getattr(p, "columns", {}).get("vals", []):
+                    g.pop("nulls", None)   # as a part written before parts counted them
+        reads.clear()
+        assert not holds_nulls(t, "x") and reads
