@@ -20,9 +20,11 @@ from arrangedb.ops.aggregate import decimal_limbs, limbs_to_decimal
 from arrangedb.ops.common import names
 from arrangedb.ops.group_by import group_by
 from arrangedb.ops.join import join
+from arrangedb.ops.join_group_by import output_sides
+from arrangedb.ops.join_group_by_changes import changes_pushdown_side, join_group_by_changes
 from arrangedb.ops.planner import coded_group_columns, params
 from arrangedb.ops.view_delta import DIFF, as_retractions, change_times, delta_schema
-from arrangedb.spine import Trace, holds_nulls
+from arrangedb.spine import Trace, holds_nulls, may_change
 
 
 def apply_linear(view, lower: int, upper: int) -> bool:
@@ -31,24 +33,9 @@ def apply_linear(view, lower: int, upper: int) -> bool:
     stored sum cannot give it back: NaN - NaN is NaN)."""
     g = params(view.plan._node)
     j = params(g["stream"]._node)
-    # string group columns as codes, as the planner reads them for the plan itself
-    changes = join(j["left"], j["right"], since=lower, upto=upper,
-                   read_dictionary=coded_group_columns(g, j) or None)
-    columns = summed(g["aggs"])
-
-    def checked():   # the joined changes streamed into the grouping, never held whole
-        for b in changes:
-            if any(b.column(c).null_count or _non_finite_retracted(b, c) for c in columns):
-                raise _NotFromChanges
-            yield b
-    # changes at several times are grouped by time too: each time's change per group,
-    # all in one pass; at one time (a refresh after each insert), by the groups alone,
-    # which an integer group column adds up by slot rather than hashing
     times = change_times(view.inputs, lower, upper)
-    by = names(g["by"]) + (["time"] if len(times) > 1 else [])
     try:
-        grouped = group_by(pa.RecordBatchReader.from_batches(changes.schema, checked()),
-                           by, g["aggs"], weight="diff", engine=g["engine"]).read_all()
+        grouped = _grouped(g, j, lower, upper, len(times) > 1)
     except _NotFromChanges:
         return False
     at = grouped.column("time").to_numpy() if len(times) > 1 else None
@@ -60,6 +47,40 @@ def apply_linear(view, lower: int, upper: int) -> bool:
                                       for f in delta.schema]))
         view.insert_delta(added(view, delta, g["aggs"]), t)
     return True
+
+
+def _grouped(g: dict, j: dict, lower: int, upper: int, timed: bool) -> pa.Table:
+    """The join's changes in ``[lower, upper)`` grouped (``timed``: by time too: each
+    time's change per group, all in one pass). At one time (a refresh after each insert),
+    when only the summed side changed, its changes are summed per key below the join
+    (the planner's eager aggregation of changes) and grouped by the groups alone, which
+    an integer group column adds up by slot; else the joined rows are made and grouped.
+    Raises _NotFromChanges when a summed value of the changes is null or a NaN or inf
+    retracted."""
+    left, right, by, aggs = j["left"], j["right"], names(g["by"]), g["aggs"]
+    columns = summed(aggs)
+    side = None if timed else changes_pushdown_side(left, right, by, aggs, "inner")
+    if side is not None and not may_change((right, left)[side], lower, upper):
+        # the joined rows' summed values are those of the summed side's changes
+        where = output_sides(left, right)
+        stored = [where[c][1] for c in columns]
+        for b in (left, right)[side].changes(since=lower, upto=upper):
+            if any(b.column(c).null_count or _non_finite_retracted(b, c) for c in stored):
+                raise _NotFromChanges
+        return join_group_by_changes(left, right, by, aggs, lower, upper,
+                                     engine=g["engine"]).read_all()
+    # string group columns as codes, as the planner reads them for the plan itself
+    changes = join(left, right, since=lower, upto=upper,
+                   read_dictionary=coded_group_columns(g, j) or None)
+
+    def checked():   # the joined changes streamed into the grouping, never held whole
+        for b in changes:
+            if any(b.column(c).null_count or _non_finite_retracted(b, c) for c in columns):
+                raise _NotFromChanges
+            yield b
+    return group_by(pa.RecordBatchReader.from_batches(changes.schema, checked()),
+                    by + (["time"] if timed else []), aggs, weight="diff",
+                    engine=g["engine"]).read_all()
 
 
 class _NotFromChanges(Exception):

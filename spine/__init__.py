@@ -18,7 +18,7 @@ from arrangedb.spine.data.codes import absolute_codes, codes, is_absolute
 from arrangedb.spine.data.order import is_identity, sort_rows
 from arrangedb.spine.data.updates import Updates, all_equal, is_constant
 from arrangedb.spine.read.cursor import (Block, batch_part_blocks, blocks, co_blocks,
-                                         holds_nulls, part_blocks)
+                                         holds_nulls, may_change, part_blocks)
 from arrangedb.spine.read.signs import nonnegative_at
 from arrangedb.spine.storage.batch import payload_per_update
 from arrangedb.spine.storage.dictionaries import dictionary_schema
@@ -32,7 +32,7 @@ __all__ = [
     "absolute_codes", "convertible", "is_absolute",
     "batch_part_blocks", "blocks", "co_blocks", "codes", "consolidate", "count_through",
     "all_equal", "dictionary_schema", "engine_for", "holds_nulls", "is_constant",
-    "is_identity",
+    "is_identity", "may_change",
     "nonnegative_at",
     "open_batches",
     "part_blocks", "payload_per_update", "ranges", "roles",

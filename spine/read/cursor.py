@@ -249,6 +249,13 @@ def batch_part_blocks(trace, at: int | None = None, dictionary: frozenset = froz
             for b in _visible(trace, at)]
 
 
+def may_change(trace, since: int, upto: int) -> bool:
+    """Whether the trace may hold changes in ``[since, upto)``: a batch with updates
+    whose description reaches into it (as :func:`co_blocks` judges what to read)."""
+    return any(len(b) and _may_matter(b, None, (since, upto), trace.since)
+               for b in trace.batches())
+
+
 def holds_nulls(trace, column: str) -> bool:
     """Whether val ``column`` holds a null in the trace's snapshot: told by the counts
     the parts recorded when written, without a read, when none holds one; else (a null
