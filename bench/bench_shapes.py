@@ -4,7 +4,7 @@ Three shapes (``bench/_shapes.py`` says what each plan does): a fact table joine
 large dimension grouped by a low-cardinality string of the dimension (``fact_dim``:
 lineitem x orders per o_orderpriority), a dimension joined to a dimension grouped by a
 string (``dim_dim``: orders x customer per c_mktsegment), and a two-hop join
-(``two_hop``: lineitem x orders, arranged by customer, x customer per c_nation). Each in
+(``two_hop``: lineitem x orders, kept per customer by a view, x customer per c_nation). Each in
 three cases -- cold (from Parquet, arrange included), warm, incremental (1% of the fact
 rows updated) -- at a 512 MiB budget, DuckDB with the same ``memory_limit`` and 2
 threads, one test per (shape, case), each system in its own subprocess. The results are
