@@ -139,14 +139,14 @@ def summed(aggs: dict) -> list[str]:
 
 
 def summed_nulls(node) -> bool:
-    """Whether a column a linear view sums holds a null in its input (a scan, once)."""
+    """Whether a column a linear view sums holds a null in its input (named in the
+    join's output, ``left_``/``right_`` where names clash; keys hold none)."""
     g = params(node)
     j = params(g["stream"]._node)
-    columns = set(summed(g["aggs"]))
-    for t in (j["left"], j["right"]):
-        if any(holds_nulls(t, c) for c in t.val_names if c in columns):
-            return True
-    return False
+    left, right = j["left"], j["right"]
+    where = output_sides(left, right)
+    return any(holds_nulls((left, right)[side], name)
+               for side, name in (where[c] for c in summed(g["aggs"])) if side != "key")
 
 
 def _scatter(values: pa.Array, positions: np.ndarray, n: int, t: pa.DataType) -> pa.Array:

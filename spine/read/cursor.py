@@ -259,7 +259,13 @@ def may_change(trace, since: int, upto: int) -> bool:
 def holds_nulls(trace, column: str) -> bool:
     """Whether val ``column`` holds a null in the trace's snapshot: told by the counts
     the parts recorded when written, without a read, when none holds one; else (a null
-    stored, maybe retracted since, or a part that does not say) by reading the column."""
+    stored, maybe retracted since, or a part that does not say) by reading the column.
+    A key column holds none; another name is a KeyError."""
+    if column in trace.key_names:
+        return False
+    if column not in trace.val_names:
+        raise KeyError(f"no val column {column!r} in the trace (vals: {trace.val_names}, "
+                       f"keys: {trace.key_names})")
     counts = [p.val_nulls(column) for b in trace.batches() for p in b.parts]
     if all(c == 0 for c in counts):
         return False

@@ -242,6 +242,8 @@ class PagedPart(Part):
 
     def _val_groups(self, names) -> list[tuple[str, dict]]:
         """(name, encoded group) of the val columns among ``names``."""
+        if self.schemas[1] is None:   # key-only
+            return []
         return [(f, g) for f, g in zip(self.schemas[1].names, self.columns["vals"])
                 if f in names]
 

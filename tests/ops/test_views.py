@@ -555,3 +555,22 @@ def test_a_null_summed_after_a_linear_view_is_made_reads_as_its_plan(tmp_path, b
                               "gi": pa.array([123], pa.int64())}))
         assert _bag(view.snapshot().read_all().drop_columns(["count"]), None) == \
             _bag(plan.read_all(), None)
+
+
+def test_a_summed_column_named_apart_from_its_input_is_checked_for_nulls(tmp_path):
+    """A summed column renamed in the join's output (``left_x``: both sides have an x)
+    is looked for nulls under its input's name: a group whose values are all null
+    sums to null, which a linear view could not tell from zero."""
+    with arrangedb.Engine(spill_dir=tmp_path, memory_budget="64MiB") as e:
+        facts = e.arrange(pa.table({"k": pa.array([1, 1], pa.int64()),
+                                    "x": pa.array([None, 5], pa.int64())}), key=["k"], vals=["x"])
+        dims = e.arrange(pa.table({"k": pa.array([1], pa.int64()), "g": pa.array([7], pa.int64()),
+                                   "x": pa.array([0], pa.int64())}), key=["k"], vals=["g", "x"])
+        plan = group_by(join(facts, dims), by="g",
+                        aggs={"n": ("count", None), "s": ("sum", "left_x")})
+        view = e.view(plan)
+        assert view.stats()["refresh_kind"] == "whole"
+        facts.insert(pa.table({"k": pa.array([1], pa.int64()), "x": pa.array([5], pa.int64()),
+                               "d": [-1]}), diff="d")
+        got = view.snapshot().read_all().drop_columns(["count"]).to_pylist()
+        assert got == plan.read_all().to_pylist() == [{"g": 7, "n": 1, "s": None}]

@@ -213,3 +213,18 @@ def test_nulls_of_a_val_column_are_known_without_a_read(tmp_path, monkeypatch):
                     g.pop("nulls", None)   # as a part written before parts counted them
         reads.clear()
         assert not holds_nulls(t, "x") and reads
+
+
+def test_nulls_of_keys_and_of_no_such_column(tmp_path):
+    """Keys hold no nulls (a key-only trace's too); a name that is no column is refused."""
+    from arrangedb import Engine
+    from arrangedb.spine import holds_nulls
+
+    with Engine(spill_dir=tmp_path, memory_budget="64MiB", idle_merge=False) as e:
+        t = e.arrange(pa.table({"k": np.arange(100), "y": np.arange(100)}), key=["k"])
+        t.insert(pa.table({"k": [5], "y": [1]}))   # a resident part beside the paged one
+        keys_only = e.arrange(pa.table({"k": np.arange(100)}), key=["k"])
+        assert not holds_nulls(t, "k") and not holds_nulls(keys_only, "k")
+        for trace in (t, keys_only):
+            with pytest.raises(KeyError, match="nope"):
+                holds_nulls(trace, "nope")
