@@ -56,7 +56,6 @@ class Partials:
     def of_batch(self, chunk: pa.Table) -> pa.Table:
         chunk = unified(chunk, self.by)
         cols = self._per_row(chunk)
-        n = chunk.num_rows
         if all(c is None or isinstance(c, np.ndarray) for c in cols.values()):  # no min/max
             fast = bincount_groups(chunk, self.by, cols)
             if fast is None:
@@ -65,9 +64,7 @@ class Partials:
                 fast = dense_groups(chunk, self.by, cols)
             if fast is not None:
                 return self.fold(fast)
-        table = {b: chunk.column(b) for b in self.by}
-        table.update((p, np.ones(n, np.int64) if c is None else c) for p, c in cols.items())
-        return self.fold(self.combine(pa.table(table)))
+        return self.fold(self.combine(self._rows(chunk, cols)))
 
     def row_partials(self, chunk: pa.Table) -> pa.Table | None:
         """The partials of each row of ``chunk`` alone, ungrouped (its group columns and
@@ -78,6 +75,10 @@ class Partials:
         cols = self._per_row(chunk)
         if not all(c is None or isinstance(c, np.ndarray) for c in cols.values()):
             return None
+        return self._rows(chunk, cols)
+
+    def _rows(self, chunk: pa.Table, cols: dict) -> pa.Table:
+        """The group columns of ``chunk`` beside each row's partials (``cols``)."""
         n = chunk.num_rows
         table = {b: chunk.column(b) for b in self.by}
         table.update((p, np.ones(n, np.int64) if c is None else c) for p, c in cols.items())
