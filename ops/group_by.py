@@ -103,11 +103,15 @@ def group_by(stream, by, aggs: dict, weight: str | bool | None = None, engine=No
         if missing:
             raise KeyError(f"group_by(phase='final'): the stream lacks partial columns "
                            f"{missing}; feed it the output of phase='partial'")
-    first = partials.of_partials if phase == "final" else partials.of_batch
+    final = phase == "final"
+    first = partials.of_partials if final else partials.of_batch
+    # each row's partials alone, ungrouped, for totals that add rows up as they come
+    rows = partials.partial_rows if final else partials.row_partials
     last = partials.as_partials if phase == "partial" else partials.finish
     out_schema = partials.partial_schema() if phase == "partial" else _output_schema(partials)
     return pa.RecordBatchReader.from_batches(
-        out_schema, _working(engine, _run(partials, batches, engine, batch_rows, first, last)))
+        out_schema,
+        _working(engine, _run(partials, batches, engine, batch_rows, first, rows, last)))
 
 
 def _working(engine, gen):
@@ -136,7 +140,7 @@ def _output_schema(partials: Partials) -> pa.Schema:
     return pa.schema(fields)
 
 
-def _run(partials: Partials, batches, engine, batch_rows, first, last):
+def _run(partials: Partials, batches, engine, batch_rows, first, rows, last):
     start_rss = engine.budget.rss(fast=True)
     start_free = engine.budget.heap_free()
     trace = None
@@ -164,9 +168,9 @@ def _run(partials: Partials, batches, engine, batch_rows, first, last):
         budget = engine.budget
         # one integer group column: partials added up per slot of its range, while the
         # range's arrays fit the share; else (and for the rows it cannot take) as below
-        names = partials.partial_schema().names
-        slots = SlotTotals.for_partials(partials.partial_schema(), partials.by,
-                                        limit // (9 * max(len(partials.partial_schema()), 1)),
+        partial_schema = partials.partial_schema()
+        slots = SlotTotals.for_partials(partial_schema, partials.by,
+                                        limit // (9 * max(len(partial_schema), 1)),
                                         partials.added())
         for chunk in _coalesced(batches, min(limit // 8, 64 << 20)):
             churn += chunk.nbytes
@@ -185,14 +189,13 @@ def _run(partials: Partials, batches, engine, batch_rows, first, last):
                 # each row's partials add up by slot as they come: grouping the chunk
                 # first would group it twice (a chunk over a wide range of ids barely
                 # shrinks by it, and hashing is what the slots spare)
-                rows = (chunk.select(names) if first == partials.of_partials
-                        else partials.row_partials(chunk))
-                left = slots.add(rows, distinct=False) if rows is not None else None
+                each = rows(chunk)
+                left = slots.add(each, distinct=False) if each is not None else None
                 if left is not None:
                     if not left.num_rows:
                         account()
                         continue
-                    part = partials.combine(left.select(names))   # the null group's rows
+                    part = partials.combine(partials.partial_rows(left))   # null group
             if part is None:
                 part = first(chunk)
                 if slots is not None:

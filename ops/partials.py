@@ -66,6 +66,11 @@ class Partials:
                 return self.fold(fast)
         return self.fold(self.combine(self._rows(chunk, cols)))
 
+    def partial_rows(self, chunk: pa.Table) -> pa.Table:
+        """The partial columns of ``chunk`` (rows of a first phase's partials), in the
+        partials' order."""
+        return chunk.select(self.partial_schema().names)
+
     def row_partials(self, chunk: pa.Table) -> pa.Table | None:
         """The partials of each row of ``chunk`` alone, ungrouped (its group columns and
         a partial row each), for totals that add rows up as they come; None when a
@@ -175,7 +180,7 @@ class Partials:
 
     def of_partials(self, chunk: pa.Table) -> pa.Table:
         """Partial rows coming from a first phase: combined, never recomputed."""
-        return self.combine(chunk.select(self.partial_schema().names))
+        return self.combine(self.partial_rows(chunk))
 
     def finish(self, part: pa.Table) -> pa.RecordBatch:
         arrays = [part.column(b).combine_chunks() for b in self.by]

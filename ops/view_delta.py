@@ -56,17 +56,19 @@ def change_chunks(traces: list, time: int):
     max_bytes = budget.limit // CHUNK_SHARE if budget is not None else 64 << 20
     pending: list[list[pa.RecordBatch]] = [[] for _ in traces]
     held = 0
+
+    def tables():
+        return [pa.Table.from_batches(p, schema) for p, schema in zip(pending, schemas)]
     for step in co_blocks(traces, changes=(time, time + 1)):
         for got, b, schema in zip(pending, step, schemas):
             if len(b):
                 got.append(b.record_batch(schema, b.times, b.counts))
                 held += got[-1].nbytes
         if held >= max_bytes:
-            yield [pa.Table.from_batches(p, schema) for p, schema in zip(pending, schemas)]
+            yield tables()
             pending, held = [[] for _ in traces], 0
     if any(pending):
-        yield [pa.Table.from_batches(p, schema) for p, schema in zip(pending, schemas)]
-
+        yield tables()
 
 
 def key_steps(changes: pa.Table, keys: list[str], keys_per_step: int):

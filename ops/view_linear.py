@@ -63,10 +63,9 @@ def _grouped(g: dict, j: dict, lower: int, upper: int, timed: bool) -> pa.Table:
     if side is not None and not may_change((right, left)[side], lower, upper):
         # the joined rows' summed values are those of the summed side's changes
         where = output_sides(left, right)
-        stored = [where[c][1] for c in columns]
+        stored = [where[c][1] for c in columns if where[c][0] != "key"]
         for b in (left, right)[side].changes(since=lower, upto=upper):
-            if any(b.column(c).null_count or _non_finite_retracted(b, c) for c in stored):
-                raise _NotFromChanges
+            _check_changes(b, stored)
         return join_group_by_changes(left, right, by, aggs, lower, upper,
                                      engine=g["engine"]).read_all()
     # string group columns as codes, as the planner reads them for the plan itself
@@ -75,8 +74,7 @@ def _grouped(g: dict, j: dict, lower: int, upper: int, timed: bool) -> pa.Table:
 
     def checked():   # the joined changes streamed into the grouping, never held whole
         for b in changes:
-            if any(b.column(c).null_count or _non_finite_retracted(b, c) for c in columns):
-                raise _NotFromChanges
+            _check_changes(b, columns)
             yield b
     return group_by(pa.RecordBatchReader.from_batches(changes.schema, checked()),
                     by + (["time"] if timed else []), aggs, weight="diff",
@@ -85,6 +83,14 @@ def _grouped(g: dict, j: dict, lower: int, upper: int, timed: bool) -> pa.Table:
 
 class _NotFromChanges(Exception):
     """A summed column's change holds a null or retracts a NaN or inf."""
+
+
+def _check_changes(changes: pa.RecordBatch, columns: list[str]) -> None:
+    """Raise _NotFromChanges when a change of ``columns`` is null or retracts a NaN or
+    inf."""
+    if any(changes.column(c).null_count or _non_finite_retracted(changes, c)
+           for c in columns):
+        raise _NotFromChanges
 
 
 def added(view, delta: pa.Table, aggs: dict) -> pa.Table | None:

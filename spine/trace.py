@@ -410,4 +410,3 @@ class Appender:
         runs, self.runs = self.runs, []
         for r in runs:
             r.drop()
-
