@@ -247,15 +247,29 @@ def as_result(table: pa.Table) -> dict:
                                                        cols["amount"])}
 
 
+def add_change(result: pa.Table, change: pa.Table, by: str, names: list[str],
+               count: str) -> pa.Table:
+    """``result`` (a row per group) plus ``change`` (a row per changed group), as a reader
+    keeps a small aggregate current; groups left with ``count`` 0 are gone. Both tables hold
+    a row per group, so groups are matched by position (``index_in``), not by a hash join:
+    Arrow's join wakes its thread pool and costs 1-6 ms on five rows."""
+    at = pc.fill_null(pc.index_in(change[by], value_set=result[by]), -1).to_numpy()
+    hit = at >= 0
+    cols = {by: pa.concat_arrays([result[by].combine_chunks(),
+                                  change[by].combine_chunks().filter(pa.array(~hit))])}
+    for a in names:
+        values = result[a].fill_null(0).to_numpy().copy()
+        step = change[a].fill_null(0).to_numpy()
+        values[at[hit]] += step[hit]
+        cols[a] = pa.array(np.concatenate([values, step[~hit]]), result.schema.field(a).type)
+    out = pa.table(cols)
+    return out.filter(pc.not_equal(out[count], 0))
+
+
 def apply_delta(result: pa.Table, delta: pa.Table) -> pa.Table:
     """previous result + per-region change (regions absent from the change keep theirs)."""
-    d = delta.rename_columns(["region", "d_orders", "d_amount"])
-    j = result.join(d, "region", join_type="full outer")
-    orders = pc.add(j["orders"].fill_null(0), j["d_orders"].fill_null(0))
-    amount = pc.add(j["amount"].fill_null(0), j["d_amount"].fill_null(0))
-    out = pa.table({"region": j["region"], "orders": orders, "amount": amount})
-    out = out.filter(pc.not_equal(out["orders"], 0))
-    return out.sort_by("region")
+    d = delta.rename_columns(["region", "orders", "amount"])
+    return add_change(result, d, "region", ["orders", "amount"], "orders").sort_by("region")
 
 
 def compare_results(ours: dict, theirs: dict, rel_tol: float = REL_TOL) -> list[str]:

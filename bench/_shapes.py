@@ -356,12 +356,9 @@ def as_result(shape: Shape, table: pa.Table) -> dict:
 
 def apply_delta(shape: Shape, result: pa.Table, change: pa.Table) -> pa.Table:
     """previous result + per-group change (groups absent from the change keep theirs)."""
-    names = list(shape.aggs)
-    d = change.select([shape.by, *names]).rename_columns([shape.by, *(f"d_{a}" for a in names)])
-    j = result.select([shape.by, *names]).join(d, shape.by, join_type="full outer")
-    out = pa.table({shape.by: j[shape.by],
-                    **{a: pc.add(j[a].fill_null(0), j[f"d_{a}"].fill_null(0)) for a in names}})
-    return out.filter(pc.not_equal(out["n"], 0))
+    return _orders.add_change(result.select([shape.by, *shape.aggs]),
+                              change.select([shape.by, *shape.aggs]), shape.by,
+                              list(shape.aggs), "n")
 
 
 compare_results = _orders.compare_results

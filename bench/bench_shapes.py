@@ -91,3 +91,17 @@ def test_result_check_can_fail():
     assert check(good, {"A": [10, 1234.5]})
     assert check({}, {})
     assert check(good, {"A": [10, 1234.5 * (1 + 1e-12)], "B": [3, 7.25]}) == []
+
+
+def test_a_change_adds_into_the_previous_result():
+    """Groups in both add up, a group new in the change is added, one whose count
+    reaches zero is gone, and one the change leaves alone keeps its row."""
+    import pyarrow as pa
+
+    shape = _shapes.SHAPES["fact_dim"]
+    before = pa.table({"o_orderpriority": ["1-URGENT", "2-HIGH", "3-MEDIUM"],
+                       "n": [5, 2, 7], "s": [10.5, 4.0, 1.0]})
+    change = pa.table({"o_orderpriority": ["4-NOT SPECIFIED", "2-HIGH", "1-URGENT"],
+                       "n": [1, -2, 1], "s": [0.25, -4.0, 2.0]})
+    after = _shapes.as_result(shape, _shapes.apply_delta(shape, before, change))
+    assert after == {"1-URGENT": [6, 12.5], "3-MEDIUM": [7, 1.0], "4-NOT SPECIFIED": [1, 0.25]}
