@@ -206,8 +206,8 @@ def take_from_blocks(meta: dict, fetch, rows: np.ndarray):
         out = np.empty(0, dt)
     else:
         bounds = np.asarray(raw, np.int64)
-        first = np.searchsorted(bounds, rows * item, side="right") - 1
-        last = np.searchsorted(bounds, rows * item + item - 1, side="right") - 1
+        byte = rows * item
+        first, last = _blocks_of(bounds, byte, item)
         needed = _distinct_sorted(first, last, len(bounds))
         sizes = np.diff(bounds)[needed]
         starts = np.zeros(len(needed), np.int64)
@@ -215,7 +215,9 @@ def take_from_blocks(meta: dict, fetch, rows: np.ndarray):
         compact = np.empty(int(sizes.sum()), np.uint8)
         for j, i in enumerate(needed.tolist()):
             compact[starts[j]:starts[j] + sizes[j]] = _fetched(fetch, 0, i, int(sizes[j]))
-        at = rows * item - bounds[first] + starts[np.searchsorted(needed, first)]
+        start_of = np.zeros(len(bounds), np.int64)   # each needed block's place in compact
+        start_of[needed] = starts
+        at = byte - bounds[first] + start_of[first]
         # every item's bytes, wherever they start: a stride-1 view over the compact bytes
         items = np.ndarray(buffer=compact, dtype=dt, shape=(len(compact) - item + 1,),
                            strides=(1,))
@@ -274,6 +276,18 @@ class ZstdBlocks(Codec):
 
 
 ZSTD = register(ZstdBlocks())
+
+
+def _blocks_of(bounds: np.ndarray, byte: np.ndarray, item: int):
+    """The blocks (of raw ``bounds``) holding the first and the last byte of each item
+    starting at ``byte``. Blocks are written of one size (the last one shorter): a
+    division finds them; other bounds are searched."""
+    size = int(bounds[1] - bounds[0]) if len(bounds) > 1 else 0
+    if size > 0 and np.array_equal(bounds[:-1], np.arange(len(bounds) - 1) * size):
+        first = byte // size
+        return first, first if size % item == 0 else (byte + item - 1) // size
+    return (np.searchsorted(bounds, byte, side="right") - 1,
+            np.searchsorted(bounds, byte + item - 1, side="right") - 1)
 
 
 def _distinct_sorted(a: np.ndarray, b: np.ndarray, size: int) -> np.ndarray:

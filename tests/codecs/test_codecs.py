@@ -739,6 +739,29 @@ def test_take_from_blocks_fetches_only_the_blocks_holding_the_rows():
         take_from_blocks(enc.meta, fetch, np.array([50]))
 
 
+@pytest.mark.parametrize("cuts", [[0, 24, 80, 400], [0, 20, 44, 400]])
+def test_take_from_blocks_of_uneven_sizes(cuts):
+    """Blocks written by another writer may differ in size (here: items whole, or cut
+    across): they are searched, not divided."""
+    import zstandard
+
+    from arrangedb.codecs.zstd_blocks import decompress_block, take_from_blocks
+
+    values = np.arange(50, dtype=np.int64) * 7
+    raw = values.view(np.uint8)
+    frames = [zstandard.ZstdCompressor().compress(raw[a:b].tobytes())
+              for a, b in zip(cuts, cuts[1:])]
+    comp = np.frombuffer(b"".join(frames), np.uint8)
+    offsets = np.cumsum([0] + [len(f) for f in frames]).tolist()
+    meta = {"plain": encode(values, "plain").meta, "blocks": [{"raw": cuts, "comp": offsets}]}
+
+    def fetch(b, i):
+        return decompress_block(comp[offsets[i]:offsets[i + 1]], i, cuts[i + 1] - cuts[i])
+
+    rows = np.array([49, 0, 2, 3, 5, 9, 10, 30, 2])
+    assert np.array_equal(take_from_blocks(meta, fetch, rows), values[rows])
+
+
 def test_zstd_blocks_are_the_same_on_one_or_two_threads():
     from arrangedb.codecs import parallel
 
