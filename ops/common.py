@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 
 from arrangedb.pager import OPERATOR_BUFFER_MIN_BYTES, OPERATOR_BUFFER_SHARE
-from arrangedb.spine import payload_per_update, ranges
+from arrangedb.spine import payload_per_update, ranges, run_index
 
 
 DEFAULT_BATCH_ROWS = 1 << 16
@@ -29,7 +29,7 @@ def columns_of(table: pa.Table | None) -> list[pa.Array]:
 
 def row_owner(bounds: np.ndarray) -> np.ndarray:
     """For rows grouped by ``bounds`` (len g+1), the group index of every row."""
-    return np.repeat(np.arange(len(bounds) - 1, dtype=np.int64), np.diff(bounds))
+    return run_index(np.diff(bounds))
 
 
 def output_chunks(sizes: np.ndarray, batch_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:

@@ -9,7 +9,7 @@ import numpy as np
 
 from arrangedb.ops.aggregate import (LIMB_SEP, decimal_limbs, int_limbs, numeric_values,
                                      times_counts, weigh_limbs)
-from arrangedb.spine import Block, is_constant
+from arrangedb.spine import Block, is_constant, run_index
 
 
 SHORT_RUNS = 4   # fewer rows per key than this on average: per-key sums by bincount
@@ -78,7 +78,7 @@ class KeyPartials:
                 np.cumsum(x.astype(np.int64, copy=False), out=prefix[1:])
                 return prefix[bounds[1:]] - prefix[starts]
             if key_of is None:
-                key_of = np.repeat(np.arange(len(starts)), rows)
+                key_of = run_index(rows)
             return np.bincount(key_of, weights=x, minlength=len(starts))
 
         def weighted(x: np.ndarray) -> np.ndarray:

@@ -21,7 +21,7 @@ import pyarrow as pa
 from arrangedb.ops.aggregate import aggregate, check_aggs, grouped_sum, output_field
 from arrangedb.ops.common import columns_of
 from arrangedb.ops.per_key import check_window, lookup_block, per_key_changes
-from arrangedb.spine import Block, blocks, codes, roles
+from arrangedb.spine import Block, blocks, codes, roles, run_index
 
 
 def _agg_schema(trace, aggs: dict, changes: bool) -> pa.Schema:
@@ -194,7 +194,7 @@ def top_k(trace, k: int, by, descending: bool = True, at: int | None = None,
 
     def first_k(b):
         present = b.counts > 0
-        group = np.repeat(np.arange(b.num_keys), np.diff(b.key_bounds))
+        group = run_index(np.diff(b.key_bounds))
         rank = codes([b.vals.select(by)], by)[0].astype(np.int64)
         rank = -rank if descending else rank
         order = np.lexsort((rank, ~present, group))   # within a key: present rows by rank

@@ -13,7 +13,7 @@ Spark integration use; they import nothing else of the spine.
 from arrangedb.spine.data import roles
 from arrangedb.spine.data.ingest import Columns, SchemaError, convertible, open_batches
 from arrangedb.spine.data.kernels import consolidate, count_through
-from arrangedb.spine.data.layout import ranges
+from arrangedb.spine.data.layout import ranges, run_index
 from arrangedb.spine.data.codes import absolute_codes, codes, is_absolute
 from arrangedb.spine.data.order import is_identity, sort_rows
 from arrangedb.spine.data.updates import Updates, all_equal, is_constant
@@ -35,6 +35,6 @@ __all__ = [
     "is_identity", "may_change",
     "nonnegative_at",
     "open_batches",
-    "part_blocks", "payload_per_update", "ranges", "roles",
+    "part_blocks", "payload_per_update", "ranges", "roles", "run_index",
     "sort_rows", "together",
 ]

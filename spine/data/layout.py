@@ -42,6 +42,8 @@ from arrangedb.spine.data.codes import sorted_row_starts
 from arrangedb.spine.data.order import run_lengths
 from arrangedb.spine.data.updates import Updates, all_equal, constant
 
+RUN_INDEX_REPEAT_FROM = 16   # rows per run from which np.repeat writes run indices faster
+
 
 @dataclass(frozen=True)
 class PartLayout:
@@ -248,6 +250,24 @@ def repeat_rows(table: pa.Table, counts: np.ndarray) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=table.schema)
 
 
+def run_index(lengths: np.ndarray) -> np.ndarray:
+    """The run each row belongs to, for runs of ``lengths`` (>= 0) laid end to end:
+    ``np.repeat(np.arange(len(lengths)), lengths)``. Short runs (a delta's few rows per
+    key) are marked where each begins and summed up, as ``np.repeat`` copies run by run:
+    244k runs of ~3 rows took it 1.7 ms, the marks 0.5."""
+    lengths = np.asarray(lengths, np.int64)
+    total = int(lengths.sum())
+    if total >= RUN_INDEX_REPEAT_FROM * len(lengths) or total == 0:
+        return np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+    marks = np.zeros(total, np.int64)
+    begins = np.cumsum(lengths[:-1])   # where runs 1, 2, ... begin
+    if int(lengths.min()) > 0:
+        marks[begins] = 1
+    else:   # empty runs begin where the next one does (or past the end)
+        np.add.at(marks, begins[begins < total], 1)
+    return np.cumsum(marks, out=marks)
+
+
 def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Concatenation of ``arange(s, s + n)`` for each (s, n), without a Python loop."""
     lengths = lengths.astype(np.int64, copy=False)
@@ -256,7 +276,9 @@ def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     offsets = np.zeros(len(lengths), dtype=np.int64)
     np.cumsum(lengths[:-1], out=offsets[1:])
-    return np.arange(total, dtype=np.int64) + np.repeat(starts.astype(np.int64) - offsets, lengths)
+    out = np.take(starts.astype(np.int64) - offsets, run_index(lengths))
+    out += np.arange(total, dtype=np.int64)
+    return out
 
 
 def both_ends(bounds, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -299,14 +321,14 @@ def select_vals(part: PartLayout, key_index: np.ndarray
     if len(part.times) == 1:
         # one stored (time, diff) for the whole part: every leaf is one update of it
         n = len(leaves)
-        owner = np.arange(n) if k_lens is None else np.repeat(np.arange(len(key_index)), k_lens)
+        owner = np.arange(n) if k_lens is None else run_index(k_lens)
         vals = part.vals.take(leaves) if part.vals is not None else None
         return (vals, constant(part.times[0], n, np.uint64), constant(part.diffs[0], n, np.int64),
                 owner)
     if k_lens is None:
         k_lens = np.ones(len(key_index), dtype=np.int64)
     upd_idx, counts = leaf_updates(part.leaf_bounds, leaves)
-    leaf_owner = np.repeat(np.arange(len(key_index)), k_lens)
+    leaf_owner = run_index(k_lens)
     owner = np.repeat(leaf_owner, counts)
     vals = part.vals.take(np.repeat(leaves, counts)) if part.vals is not None else None
     return vals, part.times[upd_idx], part.diffs[upd_idx], owner

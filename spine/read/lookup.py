@@ -11,7 +11,7 @@ import pyarrow as pa
 from arrangedb.spine.data import roles
 from arrangedb.spine.data.ingest import SchemaError, cast_column
 from arrangedb.spine.data.kernels import accumulate
-from arrangedb.spine.data.layout import both_ends, leaf_updates, ranges, select_vals
+from arrangedb.spine.data.layout import both_ends, leaf_updates, ranges, run_index, select_vals
 from arrangedb.spine.data.codes import absolute_codes, codes, is_absolute
 from arrangedb.spine.data.order import is_identity, row_starts, run_lengths, sort_order
 from arrangedb.spine.data.updates import Updates, concat_column, is_constant
@@ -103,7 +103,7 @@ def _lookup(trace, keys, at, read_dictionary, consolidate=True) -> pa.Table:
     reps = per_query[by_query]
     starts = lo[group_of_sorted][by_query]
     rows = ranges(starts, reps)
-    qi = np.repeat(np.arange(n), reps)           # q_index is a permutation of 0..n-1
+    qi = run_index(reps)                         # q_index is a permutation of 0..n-1
     key_rows = uq.take(u_rows[rows])
     out_vals = vals.take(rows) if vals is not None else None
     return _record_table(schema, qi, key_rows, out_vals, counts[rows])

@@ -166,6 +166,21 @@ def _as_dict(upd, key_only=False):
     return out
 
 
+@given(st.lists(st.integers(0, 40), max_size=60))
+def test_run_index_repeats_each_run_its_length(lengths):
+    """Runs of every length, empty ones anywhere: the index np.repeat would write
+    (short runs are marked and summed, long ones repeated)."""
+    from arrangedb.spine.data.layout import ranges, run_index
+
+    lengths = np.array(lengths, np.int64)
+    want = np.repeat(np.arange(len(lengths)), lengths)
+    assert np.array_equal(run_index(lengths), want)
+    starts = np.arange(len(lengths), dtype=np.int64) * 100
+    assert np.array_equal(ranges(starts, lengths),
+                          np.concatenate([np.arange(s, s + n) for s, n in zip(starts, lengths)]
+                                         + [np.zeros(0, np.int64)]))
+
+
 def test_large_sorts_split_across_threads_stay_exact_and_stable():
     rng = np.random.default_rng(5)
     n = PARALLEL_SORT_FROM + 12_345
