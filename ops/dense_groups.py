@@ -7,9 +7,10 @@ float sum group in 0.16 s this way, against 0.47 s through Arrow's hash grouping
 1M-row chunks, as ``group_by`` hands them over: 0.11 s). The slot arrays stay near the
 input's size (at most four slots per row, and 1M slots), as a hash table would.
 
-Arithmetic: float partials are summed in row order; integer partials exactly -- by
-``bincount`` while every total stays below 2**53, else signed ones by ``np.add.at``
-(uint64 ones beyond that are left to the hash grouping).
+Arithmetic: float partials are summed in row order; integer partials exactly, by
+``np.add.at`` (a weighted ``bincount`` goes through float64 and back: 294k rows into
+750k slots took 4.6 ms against 0.4); uint64 partials whose sums could pass int64 are
+left to the hash grouping.
 """
 
 from __future__ import annotations
@@ -85,12 +86,9 @@ def _summed(slot: np.ndarray, c: np.ndarray, span: int) -> np.ndarray | None:
     """``c`` summed per slot: float64 for floats, int64 for integers (exactly)."""
     if c.dtype.kind == "f":
         return np.bincount(slot, weights=c, minlength=span)
+    if c.dtype.kind == "u" and len(c) and int(c.max()) * len(c) >= 2 ** 63:
+        return None   # its sums could pass int64
     if c.dtype.kind not in "iub":
-        return None
-    largest = max(abs(int(c.max())), abs(int(c.min())))
-    if largest * len(c) < 2 ** 53:   # every total, and every sum on the way, is exact
-        return np.bincount(slot, weights=c, minlength=span).astype(np.int64)
-    if c.dtype.kind == "u":
         return None
     total = np.zeros(span, np.int64)
     np.add.at(total, slot, c.astype(np.int64, copy=False))
@@ -98,15 +96,16 @@ def _summed(slot: np.ndarray, c: np.ndarray, span: int) -> np.ndarray | None:
 
 
 def _add_repeated(total: np.ndarray, slot: np.ndarray, values: np.ndarray) -> None:
-    """``values`` added into ``total`` at ``slot``, slots repeating: by ``bincount`` over
-    the whole range when the rows are many beside it (exactly, as :func:`_summed`), else
-    by ``np.add.at``, which costs per row only."""
-    if SLOTS_PER_ROW * len(slot) >= len(total):
-        summed = _summed(slot, values, len(total))
-        if summed is not None:
-            total += summed
-            return
-    np.add.at(total, slot, values)
+    """``values`` added into ``total`` at ``slot``, slots repeating: floats by ``bincount``
+    over the whole range when the rows are many beside it, else (and integers, exactly)
+    by ``np.add.at``, which costs per row only. Zeros add nothing: a count that changes
+    not at all (an update's retraction and insertion) costs one pass."""
+    if not values.any():
+        return
+    if values.dtype.kind == "f" and SLOTS_PER_ROW * len(slot) >= len(total):
+        total += np.bincount(slot, weights=values, minlength=len(total))
+    else:
+        np.add.at(total, slot, values)
 
 
 class SlotTotals:
