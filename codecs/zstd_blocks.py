@@ -280,10 +280,11 @@ ZSTD = register(ZstdBlocks())
 
 def _blocks_of(bounds: np.ndarray, byte: np.ndarray, item: int):
     """The blocks (of raw ``bounds``) holding the first and the last byte of each item
-    starting at ``byte``. Blocks are written of one size (the last one shorter): a
+    starting at ``byte``. Blocks are written of one size (the last one no longer): a
     division finds them; other bounds are searched."""
     size = int(bounds[1] - bounds[0]) if len(bounds) > 1 else 0
-    if size > 0 and np.array_equal(bounds[:-1], np.arange(len(bounds) - 1) * size):
+    if size > 0 and np.array_equal(bounds[:-1], np.arange(len(bounds) - 1) * size) \
+            and bounds[-1] - bounds[-2] <= size:
         first = byte // size
         return first, first if size % item == 0 else (byte + item - 1) // size
     return (np.searchsorted(bounds, byte, side="right") - 1,

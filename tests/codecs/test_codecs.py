@@ -739,7 +739,8 @@ def test_take_from_blocks_fetches_only_the_blocks_holding_the_rows():
         take_from_blocks(enc.meta, fetch, np.array([50]))
 
 
-@pytest.mark.parametrize("cuts", [[0, 24, 80, 400], [0, 20, 44, 400]])
+@pytest.mark.parametrize("cuts", [[0, 24, 80, 400], [0, 20, 44, 400], [0, 24, 400],
+                                  [0, 80, 160, 400], [0, 20, 400]])
 def test_take_from_blocks_of_uneven_sizes(cuts):
     """Blocks written by another writer may differ in size (here: items whole, or cut
     across): they are searched, not divided."""
