@@ -283,7 +283,7 @@ def _batch_blocks(ctx, batch, at, dictionary, sums, columns, linear: bool = Fals
             if part.num_updates == 0:
                 continue
             layout, key_sums, counts = part.summed_layout(dictionary, sums, columns, at,
-                                                          linear)
+                                                          linear, keep=True)
             if layout is None:   # a resident part: its updates, reserved already
                 upd, starts = part.read(dictionary)
                 try:

@@ -13,9 +13,9 @@ import pyarrow as pa
 
 from arrangedb.codecs import (CodecError, decode, decode_dictionary, decodes_fresh, encoded_length,
                               segment_sums, take, take_dictionary, zstd_blocks)
-from arrangedb.codecs.base import lookup
 from arrangedb.spine.data.layout import PartLayout, leaf_totals
 from arrangedb.spine.data.updates import Updates, all_equal
+from arrangedb.spine.storage.blockcache import KeptColumns, through_cache
 from arrangedb.spine.storage.dictionaries import as_dictionary, dictionary_schema
 from arrangedb.spine.storage.keyrank import rank_positions
 from arrangedb.spine.storage.keysums import (leaf_counts, run_counts, usual_count, weigh,
@@ -38,8 +38,11 @@ def decode_column(pagefile, group: dict, cache=None, dictionary: bool = False):
     ``dictionary=True``: a dict-coded Arrow column comes back as a dictionary array (its
     codes and stored dictionary, values not gathered); other columns decode as usual.
     """
+    if isinstance(cache, KeptColumns):   # a query's read: kept for the next one
+        return cache.column(pagefile, group, dictionary,
+                            lambda: decode_column(pagefile, group, None, dictionary))
     if cache is not None and group["codec"] == "zstd":
-        return _through_cache(pagefile, group, cache, zstd_blocks.decode_from_blocks)
+        return through_cache(pagefile, group, cache, zstd_blocks.decode_from_blocks)
     buffers = _mapped(pagefile, group)
     if not decodes_fresh(group["codec"], group["meta"]):
         buffers = [b.copy() for b in buffers]
@@ -68,7 +71,7 @@ def take_column(pagefile, group: dict, rows: np.ndarray, cache=None,
     ``dictionary=True``); other columns decode whole and take.
     """
     if cache is not None and group["codec"] == "zstd":
-        out = _through_cache(pagefile, group, cache,
+        out = through_cache(pagefile, group, cache,
                              lambda meta, fetch: zstd_blocks.take_from_blocks(meta, fetch, rows))
         if out is not None:
             return out
@@ -89,38 +92,6 @@ def _mapped(pagefile, group: dict) -> list[np.ndarray]:
             for r in group["regions"][: group["nbuffers"]]]
 
 
-def _through_cache(pagefile, group: dict, cache, read):
-    """``read(meta, fetch)`` with ``fetch(buffer, block)`` served by the block cache."""
-    version = group["version"]
-    lookup("zstd", version)
-    meta = group["meta"]
-    regions = group["regions"][: group["nbuffers"]]
-
-    def fetch(b: int, i: int) -> np.ndarray:
-        region = regions[b]
-        key = (pagefile.path, region, pagefile.regions[region].checksum, i)
-        return cache.get(key, lambda: _decompress(pagefile, region, meta["blocks"][b], i))
-
-    try:
-        return read(meta, fetch)
-    except CodecError as exc:
-        raise CodecError(f"codec 'zstd' version {version}, {pagefile.path}: {exc}") from exc
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
-        raise CodecError(f"codec 'zstd' version {version}, {pagefile.path}: corrupt "
-                         f"encoding ({type(exc).__name__}: {exc})") from exc
-
-
-def _decompress(pagefile, region: str, blocks: dict, i: int) -> np.ndarray:
-    comp = np.frombuffer(pagefile.buffer(region), np.uint8)
-    raw, offs = blocks["raw"], blocks["comp"]
-    if offs[-1] != comp.nbytes:
-        raise CodecError(f"region {region!r}: zstd blocks do not span its {comp.nbytes} bytes")
-    try:
-        return zstd_blocks.decompress_block(comp[offs[i]:offs[i + 1]], i, raw[i + 1] - raw[i])
-    except CodecError as exc:
-        raise CodecError(f"region {region!r}: {exc}") from exc
-
-
 @dataclass
 class PagedPart(Part):
     """A part whose columns are regions of a page file, decoded on demand."""
@@ -138,9 +109,10 @@ class PagedPart(Part):
 
     def summed_layout(self, dictionary: frozenset = frozenset(), sums: frozenset = frozenset(),
                       columns: frozenset | None = None, at: int | None = None,
-                      linear: bool = False
+                      linear: bool = False, keep: bool = False
                       ) -> tuple[PartLayout, dict, np.ndarray | None]:
         val_schema = self.schemas[1]
+        kept = KeptColumns(self.cache) if keep and self.cache is not None else None
         names = [] if val_schema is None else [
             f for f in val_schema.names if columns is None or f in columns or f in sums]
         key_sums, counts = {}, None
@@ -159,7 +131,7 @@ class PagedPart(Part):
             keyed = not singleton or val_schema is not None
             rest = ("keys",) + (("key_bounds",) if keyed else ()) + \
                 (() if singleton or counts is not None else ("val_bounds",))
-            cols.update((k, v) for k, v in self._decode(rest, None).items() if k in rest)
+            cols.update((k, v) for k, v in self._decode(rest, kept).items() if k in rest)
             if singleton and sums and val_schema is not None:
                 key_sums = self._stored_sums(sums, len(cols["key_bounds"]) - 1)
                 key_sums.update(self._key_sums(sums - key_sums.keys(), cols["key_bounds"]))
@@ -176,7 +148,7 @@ class PagedPart(Part):
                     key_sums = self._weighted_sums(sums, cols["key_bounds"], counts)
                     names = [f for f in names if f not in key_sums]
             if val_schema is not None:
-                cols["vals"] = self._decode(("vals",), None, dictionary, names)["vals"]
+                cols["vals"] = self._decode(("vals",), kept, dictionary, names)["vals"]
         finally:
             self.release()  # the bytes were copied out (or failed to): let the pages go
         return self._assemble(cols, dictionary=dictionary, val_names=names), key_sums, counts

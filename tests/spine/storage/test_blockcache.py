@@ -9,7 +9,7 @@ import pytest
 from arrangedb import Engine
 from arrangedb.codecs import CodecError, encode
 from arrangedb.pager import MemoryBudget
-from arrangedb.spine.storage import paged
+from arrangedb.spine.storage import blockcache, paged
 from arrangedb.spine.storage.blockcache import BlockCache
 
 
@@ -113,12 +113,12 @@ def _orders(n, seed=0):
 
 def _count_decompressions(monkeypatch):
     calls = []
-    real = paged._decompress
+    real = blockcache._decompress
 
     def spy(pagefile, region, blocks, i):
         calls.append((region, i))
         return real(pagefile, region, blocks, i)
-    monkeypatch.setattr(paged, "_decompress", spy)
+    monkeypatch.setattr(blockcache, "_decompress", spy)
     return calls
 
 
@@ -166,3 +166,60 @@ def test_lookups_hit_the_cache_and_read_only_touched_blocks(tmp_path, monkeypatc
         assert _sorted_rows(plain.lookup(keys)) == _sorted_rows(first)
         assert _sorted_rows(plain.lookup(many)) == _sorted_rows(cached_many)
         assert len(first) > 0
+
+
+def test_kept_columns_serve_the_next_query_read_only_and_small_ones_only():
+    with MemoryBudget("1MiB", sample_interval=0) as budget:
+        cache = BlockCache(budget, capacity=80_000)   # columns up to 10_000 bytes kept
+        decodes = []
+
+        def decode(n):
+            return lambda: decodes.append(n) or np.arange(n // 8, dtype=np.int64)
+        small = cache.kept(("f", "r", 1, "decoded", False), decode(8000))
+        again = cache.kept(("f", "r", 1, "decoded", False), decode(8000))
+        assert again is small and decodes == [8000] and cache.hits == 1
+        assert not small.flags.writeable                  # a reader cannot change it
+        with pytest.raises(ValueError):
+            small[0] = 1
+        big = cache.kept(("f", "s", 1, "decoded", False), decode(16_000))
+        assert big.flags.writeable and len(cache) == 1    # larger than 1/8: not kept
+        assert budget.held == 8000
+        arrow = cache.kept(("f", "a", 1, "decoded", True), lambda: pa.array([1, 2, 3]))
+        assert cache.kept(("f", "a", 1, "decoded", True), pytest.fail) is arrow
+        cache.close()
+        assert budget.held == 0
+
+
+def test_a_warm_aggregation_reuses_its_decoded_columns_and_stays_right(tmp_path):
+    """The second run of a join's aggregate decodes nothing kept; after an insert and a
+    merge (new page files) the answers follow the data, as without the cache."""
+    from arrangedb import group_by, join
+
+    rng = np.random.default_rng(5)
+    n, keys = 200_000, 5000
+    orders = pa.table({"c": rng.integers(0, keys, n), "o": np.arange(n)})
+    segment = pa.array(rng.choice(["A", "B", "C"], keys))
+    customers = pa.table({"c": np.arange(keys), "seg": segment})
+    aggs = {"n": ("count", None)}
+
+    def want(o):
+        return dict(zip(*pa.table({"c": o["c"]}).join(customers, "c").group_by("seg")
+                        .aggregate([("c", "count")]).to_pydict().values()))
+
+    def got(plan):
+        return dict(zip(*plan.read_all().select(["seg", "n"]).to_pydict().values()))
+
+    with Engine(spill_dir=tmp_path, memory_budget="256MiB") as engine:
+        o = engine.arrange(orders, key=["c"], vals=["o"])
+        c = engine.arrange(customers, key=["c"], vals=["seg"])
+        engine.wait_merged()
+        assert got(group_by(join(o, c), by="seg", aggs=aggs)) == want(orders)
+        hits = engine.stats()["block_cache_hits"]
+        assert got(group_by(join(o, c), by="seg", aggs=aggs)) == want(orders)
+        assert engine.stats()["block_cache_hits"] > hits
+        more = pa.table({"c": rng.integers(0, keys, 1000), "o": np.arange(n, n + 1000)})
+        o.insert(more)
+        o.merge_all()
+        both = pa.concat_tables([orders, more])
+        assert got(group_by(join(o, c), by="seg", aggs=aggs)) == want(both)
+        assert got(group_by(join(o, c), by="seg", aggs=aggs)) == want(both)
