@@ -15,8 +15,10 @@ off the stored layout) keeps the columns it decodes under (page file, region, ch
 form), so that the next query over the same arrangement -- a dimension read by every
 join into it -- skips the decoding, the mapping and the page release: dim_dim's warm
 query (7.5M orders counted per customer's segment) 8.3 -> 4.6 ms. Only columns of at
-most ``1/KEPT_SHARE`` of the capacity are kept: a fact table's parts, larger, would only
-cycle through it. Merges and scans decode as before, keeping nothing.
+most ``1/KEPT_SHARE`` of the capacity are kept, and once the cache is full a column
+goes in only if it is read more often than those it would evict (TinyLFU's admission):
+a query reading more than the cache holds keeps what it kept first rather than cycling
+every column through it. Merges and scans decode as before, keeping nothing.
 
 Invariants
 ----------
@@ -47,6 +49,7 @@ from arrangedb.pager.sizing import BLOCK_CACHE_SHARE, SPILL_CACHES
 
 WHAT = "block cache"
 KEPT_SHARE = 8   # a decoded column is kept when it takes at most this share of the cache
+FREQUENCY_KEYS = 4096   # columns whose reads are counted before the counts halve
 
 
 class BlockCache:
@@ -57,6 +60,7 @@ class BlockCache:
         self._blocks: OrderedDict = OrderedDict()   # key -> read-only uint8 array
         self.bytes = 0
         self.hits = self.misses = self.evictions = 0
+        self._reads: dict = {}   # kept column -> how often read (see _admits)
         self._lock = threading.RLock()
         self._closed = False
         self._token = budget.add_spiller(self.spill, priority=SPILL_CACHES)
@@ -77,10 +81,12 @@ class BlockCache:
 
     def kept(self, key, decode):
         """The decoded column under ``key``; on a miss ``decode()`` makes it, and a copy
-        is kept if it is small enough (``KEPT_SHARE``) and fits. The reader that decoded
-        it uses the decoded array itself, as it would without the cache: the heap then
-        holds and frees what it always did (see :func:`_in_own_pages`)."""
+        is kept if it is small enough (``KEPT_SHARE``) and :meth:`_admits` it. The
+        reader that decoded it uses the decoded array itself, as it would without the
+        cache: the heap then holds and frees what it always did (see
+        :func:`_in_own_pages`)."""
         with self._lock:
+            self._count(key)
             column = self._blocks.get(key)
             if column is not None:
                 self._blocks.move_to_end(key)
@@ -88,11 +94,37 @@ class BlockCache:
                 return column
             self.misses += 1
         column = decode()
-        if column.nbytes <= self.capacity // KEPT_SHARE:
+        if column.nbytes <= self.capacity // KEPT_SHARE and self._admits(key, column.nbytes):
             copy = _in_own_pages(column)
             if copy is not None:
                 self._put(key, copy)
         return column
+
+    def _count(self, key) -> None:
+        """One more read of ``key``: counts that halve once they cover ``FREQUENCY_KEYS``
+        columns, so that what was read often long ago gives way (TinyLFU's aging)."""
+        self._reads[key] = self._reads.get(key, 0) + 1
+        if len(self._reads) > FREQUENCY_KEYS:
+            self._reads = {k: n // 2 for k, n in self._reads.items() if n > 1}
+
+    def _admits(self, key, size: int) -> bool:
+        """Whether a column of ``size`` bytes read under ``key`` goes in: when it fits
+        in the room left, or when it is read more often than every column it would
+        evict (TinyLFU's admission). A scan of more columns than the cache holds then
+        keeps the ones it kept first instead of copying each in and evicting it again
+        (fact_dim's warm query: 0.09 -> 0.23 s under LRU)."""
+        with self._lock:
+            wanted = self.bytes + size - self.capacity
+            if wanted <= 0:
+                return True
+            mine = self._reads.get(key, 0)
+            for victim, block in self._blocks.items():   # least recently used first
+                if self._reads.get(victim, 0) >= mine:
+                    return False
+                wanted -= block.nbytes
+                if wanted <= 0:
+                    return True
+            return False
 
     def _put(self, key, block) -> None:
         size = block.nbytes

@@ -194,6 +194,26 @@ def test_kept_columns_serve_the_next_query_read_only_and_small_ones_only():
         assert budget.held == 0
 
 
+def test_a_scan_larger_than_the_cache_keeps_what_it_kept_first():
+    """Twelve columns read over and over through a cache holding eight: the first eight
+    stay and serve every pass; the others are never copied in to evict them (under LRU
+    every read would miss)."""
+    with MemoryBudget("1MiB", sample_interval=0) as budget:
+        cache = BlockCache(budget, capacity=16_000)   # eight columns of 2000 bytes
+        column = lambda: np.zeros(250, np.int64)      # noqa: E731
+        key = lambda i: ("f", f"r{i}", 1, "decoded", False)   # noqa: E731
+        for _ in range(5):
+            for i in range(12):
+                cache.kept(key(i), column)
+        assert (cache.hits, cache.evictions, len(cache)) == (32, 0, 8)
+        # a column read more often than the kept ones (five times each) takes a place
+        for _ in range(6):
+            cache.kept(key(99), column)
+        assert cache.evictions == 1 and len(cache) == 8
+        assert cache.kept(key(99), pytest.fail) is not None
+        cache.close()
+
+
 def test_a_warm_aggregation_reuses_its_decoded_columns_and_stays_right(tmp_path):
     """The second run of a join's aggregate decodes nothing kept; after an insert and a
     merge (new page files) the answers follow the data, as without the cache."""
