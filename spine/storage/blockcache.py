@@ -50,6 +50,7 @@ from arrangedb.pager.sizing import BLOCK_CACHE_SHARE, SPILL_CACHES
 WHAT = "block cache"
 KEPT_SHARE = 8   # a decoded column is kept when it takes at most this share of the cache
 FREQUENCY_KEYS = 4096   # columns whose reads are counted before the counts halve
+OWN_PAGES_FROM = 256 << 10   # a kept buffer this large gets a mapping of its own
 
 
 class BlockCache:
@@ -196,11 +197,15 @@ def _in_own_pages(column):
                                  column.offset)
 
 
-def _pages(data) -> mmap.mmap:
-    """``data``'s bytes copied into a new anonymous mapping."""
+def _pages(data):
+    """``data``'s bytes copied into a new anonymous mapping; a small buffer, which
+    holds no page of its own, into a bytes object (a mapping each would spend the
+    process's map count, ``vm.max_map_count``)."""
     view = memoryview(data)
-    pages = mmap.mmap(-1, max(view.nbytes, 1))
-    pages[:view.nbytes] = view
+    if view.nbytes < OWN_PAGES_FROM:
+        return bytearray(view)
+    pages = mmap.mmap(-1, view.nbytes)
+    pages[:] = view
     return pages
 
 
