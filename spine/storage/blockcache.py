@@ -68,13 +68,9 @@ class BlockCache:
 
     def get(self, key, load):
         """The block under ``key``; on a miss ``load()`` makes it and it is kept if it fits."""
-        with self._lock:
-            block = self._blocks.get(key)
-            if block is not None:
-                self._blocks.move_to_end(key)
-                self.hits += 1
-                return block
-            self.misses += 1
+        block = self._cached(key)
+        if block is not None:
+            return block
         block = load()
         block.flags.writeable = False
         self._put(key, block)
@@ -88,18 +84,26 @@ class BlockCache:
         :func:`_in_own_pages`)."""
         with self._lock:
             self._count(key)
-            column = self._blocks.get(key)
-            if column is not None:
-                self._blocks.move_to_end(key)
-                self.hits += 1
-                return column
-            self.misses += 1
+            column = self._cached(key)
+        if column is not None:
+            return column
         column = decode()
         if column.nbytes <= self.capacity // KEPT_SHARE and self._admits(key, column.nbytes):
             copy = _in_own_pages(column)
             if copy is not None:
                 self._put(key, copy)
         return column
+
+    def _cached(self, key):
+        """The entry under ``key``, made the most recent (a hit), or None (a miss)."""
+        with self._lock:
+            entry = self._blocks.get(key)
+            if entry is None:
+                self.misses += 1
+                return None
+            self._blocks.move_to_end(key)
+            self.hits += 1
+            return entry
 
     def _count(self, key) -> None:
         """One more read of ``key``: counts that halve once they cover ``FREQUENCY_KEYS``
