@@ -27,6 +27,7 @@ class Batch:
         self.val_schema = val_schema
         self.pagefile = None
         self._finalizer = None
+        self._cache = None   # the engine's block cache, which forgets the file with it
         self._on_drop = None
         self._nonnegative = None
         self._nonnegative_totals = None
@@ -41,7 +42,9 @@ class Batch:
         # an owned page file (in the spill directory) goes with the batch; a saved
         # trace's files belong to their directory and are only unmapped
         self.pagefile = pagefile
-        self._finalizer = weakref.finalize(self, pagefile.delete if owned else pagefile.close)
+        self._cache = next((p.cache for p in self.parts
+                            if getattr(p, "cache", None) is not None), None)
+        self._finalizer = weakref.finalize(self, _gone, pagefile, owned, self._cache)
 
     def nonnegative(self) -> bool:
         """Whether no update of the batch has a negative diff (it retracts nothing);
@@ -76,7 +79,7 @@ class Batch:
         """The page file now belongs to a checkpoint directory (a manifest names it): once
         the batch goes, it is only unmapped; retention decides when it is deleted."""
         if self._finalizer is not None and self._finalizer.detach() is not None:
-            self._finalizer = weakref.finalize(self, self.pagefile.close)
+            self._finalizer = weakref.finalize(self, _gone, self.pagefile, False, self._cache)
 
     def attach(self, parts: list[Part], pagefile) -> None:
         """Move a resident batch's parts into ``pagefile``: the same rows, part for part
@@ -128,6 +131,14 @@ class Batch:
             self._on_drop()
         if self._finalizer is not None:
             self._finalizer()
+
+
+def _gone(pagefile, owned: bool, cache) -> None:
+    """A batch's end: its page file deleted (or, a saved trace's, unmapped), and what the
+    block cache holds of it dropped."""
+    (pagefile.delete if owned else pagefile.close)()
+    if cache is not None:
+        cache.forget(pagefile.path)
 
 
 def payload_per_update(batches) -> float:

@@ -14,8 +14,8 @@ A query's read of a part (``Part.summed_layout(keep=True)``: an aggregation stra
 off the stored layout) keeps the columns it decodes under (page file, region, checksum,
 form), so that the next query over the same arrangement -- a dimension read by every
 join into it -- skips the decoding, the mapping and the page release: dim_dim's warm
-query (7.5M orders counted per customer's segment) 8.3 -> 4.6 ms. Only columns of at
-most ``1/KEPT_SHARE`` of the capacity are kept, and once the cache is full a column
+query (7.5M orders counted per customer's segment) 8.3 -> 4.6 ms. Only columns from
+``KEPT_FROM`` up to ``1/KEPT_SHARE`` of the capacity are kept, and once the cache is full a column
 goes in only if it is read more often than those it would evict (TinyLFU's admission):
 a query reading more than the cache holds keeps what it kept first rather than cycling
 every column through it. Merges and scans decode as before, keeping nothing.
@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import mmap
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 import numpy as np
 import pyarrow as pa
@@ -49,6 +49,7 @@ from arrangedb.pager.sizing import BLOCK_CACHE_SHARE, SPILL_CACHES
 
 WHAT = "block cache"
 KEPT_SHARE = 8   # a decoded column is kept when it takes at most this share of the cache
+KEPT_FROM = 64 << 10   # and at least this much: smaller ones decode in microseconds
 FREQUENCY_KEYS = 4096   # columns whose reads are counted before the counts halve
 OWN_PAGES_FROM = 256 << 10   # a kept buffer this large gets a mapping of its own
 
@@ -62,6 +63,7 @@ class BlockCache:
         self.bytes = 0
         self.hits = self.misses = self.evictions = 0
         self._reads: dict = {}   # kept column -> how often read (see _admits)
+        self._gone: deque = deque()   # page files forgotten, purged at the next lookup
         self._lock = threading.RLock()
         self._closed = False
         self._token = budget.add_spiller(self.spill, priority=SPILL_CACHES)
@@ -83,20 +85,47 @@ class BlockCache:
         cache: the heap then holds and frees what it always did (see
         :func:`_in_own_pages`)."""
         with self._lock:
-            self._count(key)
             column = self._cached(key)
-        if column is not None:
-            return column
+            if column is not None:
+                self._count(key)
+                return column
         column = decode()
-        if column.nbytes <= self.capacity // KEPT_SHARE and self._admits(key, column.nbytes):
+        if not KEPT_FROM <= column.nbytes <= self.capacity // KEPT_SHARE:
+            return column   # too small to be worth an entry, or too large to keep
+        with self._lock:
+            self._count(key)
+        if self._admits(key, column.nbytes):
             copy = _in_own_pages(column)
             if copy is not None:
                 self._put(key, copy)
         return column
 
+    def forget(self, path: str) -> None:
+        """Page file ``path`` is gone (its batch was merged away or dropped): what is
+        cached of it, and its read counts, go at the next lookup. Kept, its columns
+        would hold their places -- and their counts refuse newer columns -- until
+        evicted. (Called from a batch's finalizer, which may run inside any of this
+        cache's methods: it only notes the path.)"""
+        self._gone.append(path)
+
+    def _purge(self) -> None:
+        """Drop the entries and counts of the page files forgotten (under the lock)."""
+        paths = set()
+        while self._gone:
+            paths.add(self._gone.popleft())
+        if not paths:
+            return
+        freed = sum(self._blocks.pop(k).nbytes for k in
+                    [k for k in self._blocks if k[0] in paths])
+        if freed:
+            self.bytes -= freed
+            self.budget.release(freed, WHAT)
+        self._reads = {k: n for k, n in self._reads.items() if k[0] not in paths}
+
     def _cached(self, key):
         """The entry under ``key``, made the most recent (a hit), or None (a miss)."""
         with self._lock:
+            self._purge()
             entry = self._blocks.get(key)
             if entry is None:
                 self.misses += 1
@@ -157,11 +186,17 @@ class BlockCache:
         return freed
 
     def spill(self, wanted: int) -> int:
-        """The budget's spiller: drop least recently used blocks until ``wanted`` is freed."""
+        """The budget's spiller: drop the forgotten files' entries, then least recently
+        used ones until ``wanted`` is freed."""
         with self._lock:
-            return self._evict(wanted)
+            before = self.bytes
+            self._purge()
+            purged = before - self.bytes
+            return purged + self._evict(wanted - purged)
 
     def stats(self) -> dict:
+        with self._lock:
+            self._purge()
         return {"block_cache_hits": self.hits, "block_cache_misses": self.misses,
                 "block_cache_bytes": self.bytes, "block_cache_evictions": self.evictions,
                 "block_cache_capacity": self.capacity}

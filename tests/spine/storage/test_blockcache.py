@@ -168,28 +168,33 @@ def test_lookups_hit_the_cache_and_read_only_touched_blocks(tmp_path, monkeypatc
         assert len(first) > 0
 
 
-def test_kept_columns_serve_the_next_query_read_only_and_small_ones_only():
-    with MemoryBudget("1MiB", sample_interval=0) as budget:
-        cache = BlockCache(budget, capacity=80_000)   # columns up to 10_000 bytes kept
+KiB = 1 << 10
+
+
+def test_kept_columns_serve_the_next_query_read_only_within_their_sizes():
+    with MemoryBudget("64MiB", sample_interval=0) as budget:
+        cache = BlockCache(budget, capacity=8 * 128 * KiB)   # columns up to 128 KiB kept
         decodes = []
 
         def decode(n):
             return lambda: decodes.append(n) or np.arange(n // 8, dtype=np.int64)
-        small = cache.kept(("f", "r", 1, "decoded", False), decode(8000))
-        again = cache.kept(("f", "r", 1, "decoded", False), decode(8000))
-        assert decodes == [8000] and cache.hits == 1 and np.array_equal(again, small)
-        assert again is cache.kept(("f", "r", 1, "decoded", False), decode(8000))
+        key = lambda name, coded=False: ("f", name, 1, "decoded", coded)   # noqa: E731
+        first = cache.kept(key("r"), decode(96 * KiB))
+        again = cache.kept(key("r"), decode(96 * KiB))
+        assert decodes == [96 * KiB] and cache.hits == 1 and np.array_equal(again, first)
+        assert again is cache.kept(key("r"), pytest.fail)
         assert not again.flags.writeable                  # a reader cannot change it
         with pytest.raises(ValueError):
             again[0] = 1
-        big = cache.kept(("f", "s", 1, "decoded", False), decode(16_000))
-        assert len(cache) == 1                            # larger than 1/8: not kept
-        assert budget.held == 8000
-        arrow = pa.array(["x", None, "yz"]).dictionary_encode()
-        cache.kept(("f", "a", 1, "decoded", True), lambda: arrow)
-        assert cache.kept(("f", "a", 1, "decoded", True), pytest.fail).equals(arrow)
-        nested = cache.kept(("f", "n", 1, "decoded", False), lambda: pa.array([[1], [2]]))
-        assert len(cache) == 2 and nested.equals(pa.array([[1], [2]]))   # not copied: not kept
+        cache.kept(key("big"), decode(256 * KiB))         # past 1/8 of the cache
+        cache.kept(key("tiny"), decode(8 * KiB))          # under KEPT_FROM: decodes fast
+        assert len(cache) == 1 and budget.held == 96 * KiB
+        arrow = pa.array(["x", None, "yz"] * 7_000).dictionary_encode()   # 84 KiB of codes
+        cache.kept(key("a", True), lambda: arrow)
+        assert cache.kept(key("a", True), pytest.fail).equals(arrow)
+        nested = pa.array([[i] for i in range(10_000)])
+        assert cache.kept(key("n"), lambda: nested) is nested
+        assert len(cache) == 2                            # a nested column is not copied
         cache.close()
         assert budget.held == 0
 
@@ -198,9 +203,9 @@ def test_a_scan_larger_than_the_cache_keeps_what_it_kept_first():
     """Twelve columns read over and over through a cache holding eight: the first eight
     stay and serve every pass; the others are never copied in to evict them (under LRU
     every read would miss)."""
-    with MemoryBudget("1MiB", sample_interval=0) as budget:
-        cache = BlockCache(budget, capacity=16_000)   # eight columns of 2000 bytes
-        column = lambda: np.zeros(250, np.int64)      # noqa: E731
+    with MemoryBudget("64MiB", sample_interval=0) as budget:
+        cache = BlockCache(budget, capacity=8 * 64 * KiB)   # eight columns of 64 KiB
+        column = lambda: np.zeros(8 * KiB, np.int64)         # noqa: E731
         key = lambda i: ("f", f"r{i}", 1, "decoded", False)   # noqa: E731
         for _ in range(5):
             for i in range(12):
@@ -214,13 +219,44 @@ def test_a_scan_larger_than_the_cache_keeps_what_it_kept_first():
         cache.close()
 
 
+def test_a_file_gone_takes_its_columns_and_counts_with_it(tmp_path):
+    """Once a batch is merged away, its kept columns leave the cache (and give back their
+    reservation), and its read counts no longer refuse the new batch's columns."""
+    from arrangedb import group_by, join
+
+    rng = np.random.default_rng(2)
+    keys = 40_000
+    with Engine(spill_dir=tmp_path, memory_budget="256MiB") as engine:
+        o = engine.arrange(pa.table({"c": rng.integers(0, keys, 400_000),
+                                     "o": np.arange(400_000)}), key=["c"], vals=["o"])
+        c = engine.arrange(pa.table({"c": np.arange(keys),
+                                     "seg": rng.choice(["A", "B"], keys)}), key=["c"])
+        engine.wait_merged()
+        cache = engine.ctx.block_cache
+        for _ in range(5):
+            group_by(join(o, c), by="seg", aggs={"n": ("count", None)}).read_all()
+        old = {b.pagefile.path for b in o.batches()}
+        assert any(k[0] in old for k in cache._blocks)
+        o.insert(pa.table({"c": [1, 2], "o": [-1, -2]}))
+        o.merge_all()
+        import gc
+        gc.collect()
+        engine.stats()                                   # a lookup purges what is gone
+        assert not any(k[0] in old for k in cache._blocks)
+        assert not any(k[0] in old for k in cache._reads)
+        assert cache.bytes == sum(b.nbytes for b in cache._blocks.values())
+        group_by(join(o, c), by="seg", aggs={"n": ("count", None)}).read_all()
+        new = {b.pagefile.path for b in o.batches()}
+        assert any(k[0] in new for k in cache._blocks)   # the merged batch's columns go in
+
+
 def test_a_warm_aggregation_reuses_its_decoded_columns_and_stays_right(tmp_path):
     """The second run of a join's aggregate decodes nothing kept; after an insert and a
     merge (new page files) the answers follow the data, as without the cache."""
     from arrangedb import group_by, join
 
     rng = np.random.default_rng(5)
-    n, keys = 200_000, 5000
+    n, keys = 1_000_000, 60_000   # columns past KEPT_FROM
     orders = pa.table({"c": rng.integers(0, keys, n), "o": np.arange(n)})
     segment = pa.array(rng.choice(["A", "B", "C"], keys))
     customers = pa.table({"c": np.arange(keys), "seg": segment})
