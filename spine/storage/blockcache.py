@@ -15,10 +15,12 @@ off the stored layout) keeps the columns it decodes under (page file, region, ch
 form), so that the next query over the same arrangement -- a dimension read by every
 join into it -- skips the decoding, the mapping and the page release: dim_dim's warm
 query (7.5M orders counted per customer's segment) 8.3 -> 4.6 ms. Only columns from
-``KEPT_FROM`` up to ``1/KEPT_SHARE`` of the capacity are kept, and once the cache is full a column
-goes in only if it is read more often than those it would evict (TinyLFU's admission):
-a query reading more than the cache holds keeps what it kept first rather than cycling
-every column through it. Merges and scans decode as before, keeping nothing.
+``KEPT_FROM`` up to ``1/KEPT_SHARE`` of the capacity are kept, and once the cache is
+full a column goes in only if it is read more often than those it would evict
+(TinyLFU's admission): a query reading more than the cache holds keeps what it kept
+first rather than cycling every column through it. A batch's end drops what the cache
+holds of its page file (:meth:`BlockCache.forget`). Merges and scans decode as before,
+keeping nothing.
 
 Invariants
 ----------
@@ -30,6 +32,8 @@ Invariants
   arrays are): a reader that wrote into one would fail, never change the next read.
 - A block that does not fit (larger than the capacity, or refused by the budget) is
   returned uncached: the cache never makes a read fail.
+- A column kept is a copy (small buffers in bytes, large ones in an anonymous mapping
+  of their own), never the array its reader holds.
 - ``close()`` drops every block, gives its reservation back and unregisters the spiller.
 """
 
