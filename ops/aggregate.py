@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from arrangedb.codecs import decimal_words, unscaled_int64
-from arrangedb.spine import run_index
+from arrangedb.ops.common import row_owner
 
 FUNCTIONS = ("count", "sum", "min", "max", "count_distinct", "mean")
 
@@ -133,7 +133,7 @@ def aggregate(bounds: np.ndarray, vals: pa.Table | None, counts: np.ndarray,
               aggs: dict, schema: pa.Schema | None) -> list[pa.Array]:
     """One array per aggregate, one element per group of ``bounds``."""
     n = len(bounds) - 1
-    group = run_index(np.diff(bounds))
+    group = row_owner(bounds)
     counts = counts.astype(np.int64, copy=False)
     positive = counts > 0
     out = []

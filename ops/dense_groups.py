@@ -103,7 +103,7 @@ def _add_repeated(total: np.ndarray, slot: np.ndarray, values: np.ndarray) -> No
     if not values.any():
         return
     if values.dtype.kind == "f" and SLOTS_PER_ROW * len(slot) >= len(total):
-        total += np.bincount(slot, weights=values, minlength=len(total))
+        total += _summed(slot, values, len(total))
     else:
         np.add.at(total, slot, values)
 

@@ -39,6 +39,12 @@ def partial_names(aggs: dict) -> dict[str, list[tuple[str, str]]]:
     return plan
 
 
+def _adds_up(cols: dict) -> bool:
+    """Whether every partial of ``cols`` (per row, from ``Partials._per_row``) is a
+    number that adds up -- no min or max, whose values stay Arrow arrays."""
+    return all(c is None or isinstance(c, np.ndarray) for c in cols.values())
+
+
 class Partials:
     """Partial aggregates of chunks, combined, finished. A sum of a decimal column is a
     ``decimal(38, s)`` partial; within a chunk it is summed as integer limbs
@@ -56,7 +62,7 @@ class Partials:
     def of_batch(self, chunk: pa.Table) -> pa.Table:
         chunk = unified(chunk, self.by)
         cols = self._per_row(chunk)
-        if all(c is None or isinstance(c, np.ndarray) for c in cols.values()):  # no min/max
+        if _adds_up(cols):
             fast = bincount_groups(chunk, self.by, cols)
             if fast is None:
                 fast = run_groups(chunk, self.by, cols)
@@ -78,9 +84,7 @@ class Partials:
         if self.decimal_sums:
             return None
         cols = self._per_row(chunk)
-        if not all(c is None or isinstance(c, np.ndarray) for c in cols.values()):
-            return None
-        return self._rows(chunk, cols)
+        return self._rows(chunk, cols) if _adds_up(cols) else None
 
     def _rows(self, chunk: pa.Table, cols: dict) -> pa.Table:
         """The group columns of ``chunk`` beside each row's partials (``cols``)."""

@@ -19,9 +19,9 @@ import numpy as np
 import pyarrow as pa
 
 from arrangedb.ops.aggregate import aggregate, check_aggs, grouped_sum, output_field
-from arrangedb.ops.common import columns_of
+from arrangedb.ops.common import columns_of, row_owner
 from arrangedb.ops.per_key import check_window, lookup_block, per_key_changes
-from arrangedb.spine import Block, blocks, codes, roles, run_index
+from arrangedb.spine import Block, blocks, codes, roles
 
 
 def _agg_schema(trace, aggs: dict, changes: bool) -> pa.Schema:
@@ -194,7 +194,7 @@ def top_k(trace, k: int, by, descending: bool = True, at: int | None = None,
 
     def first_k(b):
         present = b.counts > 0
-        group = run_index(np.diff(b.key_bounds))
+        group = row_owner(b.key_bounds)
         rank = codes([b.vals.select(by)], by)[0].astype(np.int64)
         rank = -rank if descending else rank
         order = np.lexsort((rank, ~present, group))   # within a key: present rows by rank

@@ -14,7 +14,8 @@ import numpy as np
 import pyarrow as pa
 
 from arrangedb.ops.view_delta import DIFF, delta_schema
-from arrangedb.spine import codes, run_index, sort_rows
+from arrangedb.ops.common import row_owner
+from arrangedb.spine import codes, sort_rows
 
 
 def distinct_change(view, trace, changes: pa.Table, key_of: np.ndarray,
@@ -80,7 +81,7 @@ def _counts_by_sort(key, val, row_key, row_val, row_count) -> np.ndarray:
     order, starts = sort_rows(np.concatenate([key, row_key]), [np.concatenate([val, row_val])],
                               None)
     group = np.empty(len(order), np.int64)
-    group[order] = run_index(np.diff(np.append(starts, len(order))))
+    group[order] = row_owner(np.append(starts, len(order)))
     counts = np.concatenate([np.zeros(n, np.int64), row_count])
     summed = np.bincount(group, weights=counts, minlength=len(starts))
     return np.rint(summed[group[:n]]).astype(np.int64)
