@@ -231,7 +231,8 @@ def part_blocks(trace, at: int | None = None, dictionary: frozenset = frozenset(
         for (b,) in co_blocks([trace], at, dictionary=[dictionary]):
             yield b
         return
-    yield from _batch_blocks(trace.ctx, batches[0], at, dictionary, sums, columns)
+    yield from _batch_blocks(trace.ctx, batches[0], at, dictionary, sums, columns,
+                             keep=_keeps(trace, batches, sums, columns))
 
 
 def batch_part_blocks(trace, at: int | None = None, dictionary: frozenset = frozenset(),
@@ -245,8 +246,10 @@ def batch_part_blocks(trace, at: int | None = None, dictionary: frozenset = froz
     are linear in the counts (sums per key): they add the streams up instead of paying a
     k-way merge."""
     trace.check_read_time(at)
-    return [_batch_blocks(trace.ctx, b, at, dictionary, sums, columns, linear=True)
-            for b in _visible(trace, at)]
+    batches = _visible(trace, at)
+    keep = _keeps(trace, batches, sums, columns)
+    return [_batch_blocks(trace.ctx, b, at, dictionary, sums, columns, linear=True, keep=keep)
+            for b in batches]
 
 
 def may_change(trace, since: int, upto: int) -> bool:
@@ -276,14 +279,29 @@ def _visible(trace, at) -> list:
     return [b for b in trace.batches() if len(b) and _may_matter(b, at, None, trace.since)]
 
 
-def _batch_blocks(ctx, batch, at, dictionary, sums, columns, linear: bool = False
-                  ) -> Iterator[Block]:
+def _keeps(trace, batches: list, sums: frozenset, columns: frozenset | None) -> bool:
+    """Whether a read of ``batches`` keeps the columns it decodes in the block cache:
+    only when they would fit in it (keys and key bounds, and the val columns read, at
+    eight bytes a value). A larger read -- a view's build over a fact table -- would
+    fill the cache with columns read once, which TinyLFU's admission then holds against
+    the next query's: a bulk scan reads around a database's buffer pool the same way."""
+    cache = trace.ctx.block_cache
+    if cache is None:
+        return False
+    n_vals = len(trace.val_names) if columns is None else len(columns | sums)
+    decoded = sum(p.num_keys * 16 + p.num_updates * 8 * n_vals
+                  for b in batches for p in b.parts)
+    return decoded <= cache.capacity
+
+
+def _batch_blocks(ctx, batch, at, dictionary, sums, columns, linear: bool = False,
+                  keep: bool = False) -> Iterator[Block]:
     with ctx.working():
         for part in batch.parts:
             if part.num_updates == 0:
                 continue
             layout, key_sums, counts = part.summed_layout(dictionary, sums, columns, at,
-                                                          linear, keep=True)
+                                                          linear, keep=keep)
             if layout is None:   # a resident part: its updates, reserved already
                 upd, starts = part.read(dictionary)
                 try:

@@ -15,7 +15,7 @@ from arrangedb.codecs import (CodecError, decode, decode_dictionary, decodes_fre
                               segment_sums, take, take_dictionary, zstd_blocks)
 from arrangedb.spine.data.layout import PartLayout, leaf_totals
 from arrangedb.spine.data.updates import Updates, all_equal
-from arrangedb.spine.storage.blockcache import KeptColumns, through_cache
+from arrangedb.spine.storage.blockcache import KeptColumns, kept_key, through_cache
 from arrangedb.spine.storage.dictionaries import as_dictionary, dictionary_schema
 from arrangedb.spine.storage.keyrank import rank_positions
 from arrangedb.spine.storage.keysums import (leaf_counts, run_counts, usual_count, weigh,
@@ -68,8 +68,13 @@ def take_column(pagefile, group: dict, rows: np.ndarray, cache=None,
     zstd columns of items (numpy, Arrow fixed-width without nulls) with a ``cache``
     decompress only the blocks holding ``rows``; a dictionary column gathers only the
     rows' codes and strings (only their codes, as a dictionary array, with
-    ``dictionary=True``); other columns decode whole and take.
+    ``dictionary=True``); other columns decode whole and take. A column a query kept in
+    the ``cache`` is gathered from.
     """
+    if cache is not None:   # a column a query kept: gathered, nothing decoded
+        column = cache.held(kept_key(pagefile, group, dictionary))
+        if column is not None:
+            return column.take(pa.array(rows)) if isinstance(column, pa.Array) else column[rows]
     if cache is not None and group["codec"] == "zstd":
         out = through_cache(pagefile, group, cache,
                              lambda meta, fetch: zstd_blocks.take_from_blocks(meta, fetch, rows))

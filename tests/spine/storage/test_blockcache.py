@@ -283,3 +283,54 @@ def test_a_warm_aggregation_reuses_its_decoded_columns_and_stays_right(tmp_path)
         both = pa.concat_tables([orders, more])
         assert got(group_by(join(o, c), by="seg", aggs=aggs)) == want(both)
         assert got(group_by(join(o, c), by="seg", aggs=aggs)) == want(both)
+
+
+def _kept(trace) -> list:
+    """The kept columns of ``trace``'s page files."""
+    paths = {p.pagefile.path for b in trace.batches() for p in b.parts}
+    return [k for k in trace.ctx.block_cache._blocks if k[3] == "decoded" and k[0] in paths]
+
+
+def _per_segment(engine, fact: pa.Table):
+    """sum(x) per segment of fact joined with a dimension of its keys, as a plan."""
+    from arrangedb import group_by, join
+
+    keys = fact.column("k")
+    dim = pa.table({"k": keys, "seg": pa.array(np.array(["a", "b"])[np.arange(len(keys)) % 2])})
+    f = engine.arrange(fact, key=["k"], vals=["x"])
+    d = engine.arrange(dim, key=["k"], vals=["seg"])
+    engine.wait_merged()
+    return f, group_by(join(f, d), by="seg", aggs={"s": ("sum", "x")})
+
+
+def test_a_read_larger_than_the_cache_keeps_nothing(tmp_path):
+    """An aggregation over more than the cache holds decodes around it (a view's build
+    over a fact table); one over a dimension that fits keeps its columns."""
+    rng = np.random.default_rng(8)
+    with Engine(spill_dir=tmp_path, memory_budget="256MiB") as engine:   # a 16 MiB cache
+        # each part's columns (131072 rows) small enough to keep, 1.5M rows not
+        for n, kept in ((1_500_000, False), (60_000, True)):
+            fact = pa.table({"k": np.arange(n), "x": rng.uniform(0, 1, n)})
+            trace, plan = _per_segment(engine, fact)
+            got = plan.read_all().column("s").to_numpy().sum()
+            assert got == pytest.approx(fact.column("x").to_numpy().sum())
+            assert bool(_kept(trace)) == kept
+
+
+def test_a_lookup_gathers_from_a_kept_column(tmp_path, monkeypatch):
+    """Once a query kept a zstd column, a lookup into it decompresses nothing and
+    returns what the data holds."""
+    rng = np.random.default_rng(9)
+    n = 60_000
+    fact = pa.table({"k": np.arange(n), "x": rng.integers(0, 1 << 20, n) * 1.1})   # zstd
+    with Engine(spill_dir=tmp_path, memory_budget="64MiB") as engine:
+        trace, plan = _per_segment(engine, fact)
+        plan.read_all()
+        assert _kept(trace)
+        calls = _count_decompressions(monkeypatch)
+        asked = pa.table({"k": rng.permutation(n)[:5000]})
+        got = trace.lookup(asked)
+        assert calls == []
+        order = np.argsort(got.column("query_index").to_numpy())
+        want = fact.column("x").take(asked.column("k")).to_numpy()
+        assert np.array_equal(got.column("x").to_numpy()[order], want)
