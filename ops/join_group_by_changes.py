@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 import pyarrow as pa
 
 from arrangedb.ops.aggregate import check_aggs
@@ -52,6 +53,9 @@ def changes_pushdown_side(left, right, by: list[str], aggs: dict, how: str) -> i
             or any(c not in where for c in [*by, *(c for _, c in aggs.values() if c)]):
         return None   # time and diff are the changes' own columns
     return pushdown_side(left, right, by, aggs, how)
+
+
+LOOKUP_WINDOWS = 4   # windows of A's changed keys looked up in B at once
 
 
 def join_group_by_changes(left, right, by, aggs: dict, since: int, upto: int | None = None,
@@ -86,30 +90,69 @@ def join_group_by_changes(left, right, by, aggs: dict, since: int, upto: int | N
     coded = (len(by) == 1 and where[by[0]][0] == b_side and where[by[0]][1] in b_dict
              and is_absolute([f.type for f in left.key_schema]))
 
+    def grouped(pieces: list) -> Iterator[pa.RecordBatch]:
+        """A's pieces (keys and per-key partials of steps where only A changed) met with
+        B's rows of their keys, grouped: one lookup for them all."""
+        if not pieces:
+            return
+        akeys = pa.concat_tables([k for k, _ in pieces]) if len(pieces) > 1 else pieces[0][0]
+        sums = _concat_partials([p for _, p in pieces])
+        bb = present_keys(lookup_block(b_trace, akeys.rename_columns(b_trace.key_names),
+                                       since - 1, b_dict))
+        if not bb.num_keys:
+            return
+        got = [(akeys, sums)]
+        out = coded_groups(got, bb, where[by[0]][1], by[0]) if coded else None
+        if out is None:
+            li, ri = match_keys(akeys, bb.keys.rename_columns(akeys.column_names))
+            groups, cols = key_pairs(akeys, bb, li, ri, by, where, b_side, sums)
+            out = grouped_pairs(groups, cols, by, partials)
+        if out.num_rows:
+            yield partials.as_partials(out)
+
+    # A's changes are read a window at a time; their keys are looked up in B a few
+    # windows at once, as a lookup pays per part of B it visits (three lookups of 100k
+    # order keys in 15 parts: 10 ms, one of 300k: 7.5 ms)
+    most_keys = LOOKUP_WINDOWS * left.ctx.window_rows
+
     def batches() -> Iterator[pa.RecordBatch]:
+        pending, held = [], 0
         for blocks in co_blocks([left, right], changes=(since, upto), dictionary=dictionary):
             da, db = blocks[side], blocks[b_side]
             if len(db):   # B changed here: the join's changes as written, grouped
+                yield from grouped(pending)
+                pending, held = [], 0
                 for rb in block_changes(*blocks, left, right, since, batch_rows,
                                         coded_schema, dictionary):
                     yield partials.as_partials(rows.of_batch(pa.Table.from_batches([rb])))
                 continue
             if not len(da) or since == 0:   # nothing changed, or no B before the changes
                 continue
-            bb = present_keys(lookup_block(b_trace, da.keys.rename_columns(b_trace.key_names),
-                                           since - 1, b_dict))
-            if not bb.num_keys:
-                continue
-            got = [(da.keys, key_partials(da))]
-            grouped = coded_groups(got, bb, where[by[0]][1], by[0]) if coded else None
-            if grouped is None:
-                li, ri = match_keys(da.keys, bb.keys.rename_columns(da.keys.column_names))
-                groups, cols = key_pairs(da.keys, bb, li, ri, by, where, b_side, got[0][1])
-                grouped = grouped_pairs(groups, cols, by, partials)
-            if grouped.num_rows:
-                yield partials.as_partials(grouped)
+            pending.append((da.keys, key_partials(da)))
+            held += da.num_keys
+            if held >= most_keys:
+                yield from grouped(pending)
+                pending, held = [], 0
+        yield from grouped(pending)
 
     stream = pa.RecordBatchReader.from_batches(
         roles.with_engine(partials.partial_schema(), left.ctx.engine_id), batches())
     return group_by(stream, by, aggs, engine=engine, batch_rows=batch_rows, phase="final",
                     source_schema=schema)
+
+
+def _concat_partials(parts: list[dict]) -> dict:
+    """The per-key partials of consecutive pieces, one array per name; names whose
+    arrays are one array in every piece (a count that is the rows per key) stay one."""
+    if len(parts) == 1:
+        return parts[0]
+    out = {}
+    names = list(parts[0])
+    for name in names:
+        twin = next((o for o in names[:names.index(name)]
+                     if all(p[o] is p[name] for p in parts)), None)
+        if twin is not None:
+            out[name] = out[twin]
+            continue
+        out[name] = np.concatenate([p[name] for p in parts])
+    return out

@@ -116,3 +116,33 @@ def test_shapes_the_rule_does_not_fit_run_as_written():
                          ("g", {"s": ("sum", "diff")})):     # their diff
             plan = adb.group_by(adb.join(A, B, since=1), by=by, aggs=aggs)
             assert "eager aggregation of changes" not in plan.explain()
+
+
+def test_changes_over_many_windows_are_looked_up_a_few_windows_at_once(monkeypatch):
+    """A's changed keys are looked up in B several windows at a time, flushed before a
+    key range where B changed too: the groups equal the plan as written."""
+    import arrangedb.ops.join_group_by_changes as jgbc
+
+    rng = np.random.default_rng(11)
+    nkeys = 6000
+    fact, dim = _fact(rng, 20_000, nkeys, "float2"), _dim(rng, nkeys, nkeys)
+    lookups = []
+    real = jgbc.lookup_block
+    monkeypatch.setattr(jgbc, "lookup_block",
+                        lambda trace, keys, *a: lookups.append(keys.num_rows) or
+                        real(trace, keys, *a))
+    by, aggs = SHAPES["sums_by_dimension_string"]
+    with adb.Engine(memory_budget="64MiB", idle_merge=False) as engine:
+        F = engine.arrange(fact, key=["k"], vals=["amount", "cat"], name="fact")
+        D = engine.arrange(dim, key=["k"], vals=["region", "seg"], name="dim")
+        F.ctx.window_rows = 256   # windows of ~1k changed rows: many of them
+        F.insert(_delta(rng, fact, _fact(rng, 8000, nkeys, "float2"), 1), time="t", diff="d")
+        middle = dim.filter(pa.compute.less(dim.column("k"), 3000)).slice(0, 3)
+        D.insert(_delta(rng, middle, _dim(rng, 2, 10), 1), time="t", diff="d")
+        plan = adb.group_by(adb.join(F, D, since=1, upto=2), by=by, aggs=aggs)
+        got = plan.read_all()
+        written = eager_group_by(eager_join(F, D, since=1, upto=2), by=by,
+                                 aggs=aggs).read_all()
+        assert _rows(got) == _rows(written)
+        windows = F.ctx.window_rows
+    assert len(lookups) >= 2 and max(lookups) > windows   # several windows per lookup
