@@ -232,7 +232,7 @@ def part_blocks(trace, at: int | None = None, dictionary: frozenset = frozenset(
             yield b
         return
     yield from _batch_blocks(trace.ctx, batches[0], at, dictionary, sums, columns,
-                             keep=_keeps(trace, batches, sums, columns))
+                             scan=_is_scan(trace, batches, sums, columns))
 
 
 def batch_part_blocks(trace, at: int | None = None, dictionary: frozenset = frozenset(),
@@ -247,8 +247,8 @@ def batch_part_blocks(trace, at: int | None = None, dictionary: frozenset = froz
     k-way merge."""
     trace.check_read_time(at)
     batches = _visible(trace, at)
-    keep = _keeps(trace, batches, sums, columns)
-    return [_batch_blocks(trace.ctx, b, at, dictionary, sums, columns, linear=True, keep=keep)
+    scan = _is_scan(trace, batches, sums, columns)
+    return [_batch_blocks(trace.ctx, b, at, dictionary, sums, columns, linear=True, scan=scan)
             for b in batches]
 
 
@@ -279,29 +279,27 @@ def _visible(trace, at) -> list:
     return [b for b in trace.batches() if len(b) and _may_matter(b, at, None, trace.since)]
 
 
-def _keeps(trace, batches: list, sums: frozenset, columns: frozenset | None) -> bool:
-    """Whether a read of ``batches`` keeps the columns it decodes in the block cache:
-    only when they would fit in it (keys and key bounds, and the val columns read, at
-    eight bytes a value). A larger read -- a view's build over a fact table -- would
-    fill the cache with columns read once, which TinyLFU's admission then holds against
-    the next query's: a bulk scan reads around a database's buffer pool the same way."""
+def _is_scan(trace, batches: list, sums: frozenset, columns: frozenset | None) -> bool:
+    """Whether a read of ``batches`` decodes more than the block cache holds (keys and
+    key bounds, and the val columns read, at eight bytes a value): the columns such a
+    read keeps give way to those of a read that fits (see ``blockcache``)."""
     cache = trace.ctx.block_cache
     if cache is None:
         return False
     n_vals = len(trace.val_names) if columns is None else len(columns | sums)
     decoded = sum(p.num_keys * 16 + p.num_updates * 8 * n_vals
                   for b in batches for p in b.parts)
-    return decoded <= cache.capacity
+    return decoded > cache.capacity
 
 
 def _batch_blocks(ctx, batch, at, dictionary, sums, columns, linear: bool = False,
-                  keep: bool = False) -> Iterator[Block]:
+                  scan: bool = False) -> Iterator[Block]:
     with ctx.working():
         for part in batch.parts:
             if part.num_updates == 0:
                 continue
             layout, key_sums, counts = part.summed_layout(dictionary, sums, columns, at,
-                                                          linear, keep=keep)
+                                                          linear, keep=True, scan=scan)
             if layout is None:   # a resident part: its updates, reserved already
                 upd, starts = part.read(dictionary)
                 try:

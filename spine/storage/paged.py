@@ -114,10 +114,10 @@ class PagedPart(Part):
 
     def summed_layout(self, dictionary: frozenset = frozenset(), sums: frozenset = frozenset(),
                       columns: frozenset | None = None, at: int | None = None,
-                      linear: bool = False, keep: bool = False
+                      linear: bool = False, keep: bool = False, scan: bool = False
                       ) -> tuple[PartLayout, dict, np.ndarray | None]:
         val_schema = self.schemas[1]
-        kept = KeptColumns(self.cache) if keep and self.cache is not None else None
+        kept = KeptColumns(self.cache, scan) if keep and self.cache is not None else None
         names = [] if val_schema is None else [
             f for f in val_schema.names if columns is None or f in columns or f in sums]
         key_sums, counts = {}, None

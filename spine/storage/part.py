@@ -148,7 +148,7 @@ class Part:
 
     def summed_layout(self, dictionary: frozenset = frozenset(), sums: frozenset = frozenset(),
                       columns: frozenset | None = None, at: int | None = None,
-                      linear: bool = False, keep: bool = False
+                      linear: bool = False, keep: bool = False, scan: bool = False
                       ) -> tuple[PartLayout | None, dict, np.ndarray | None]:
         """:meth:`stored_layout`, with the val columns named in ``sums`` summed per key
         rather than decoded where the part allows it: ``(layout, {column: per-key sums},
@@ -164,7 +164,8 @@ class Part:
         ``counts`` then holds each val's total, zero where its updates cancel. The
         layout lacks a column summed. ``columns``: the other val columns the reader
         needs (None: all); the layout may hold more. ``keep``: a query's read, whose
-        decoded columns a paged part keeps for the next (``blockcache.KeptColumns``)."""
+        decoded columns a paged part keeps for the next (``blockcache.KeptColumns``);
+        ``scan``: one of a read larger than the block cache, whose columns give way."""
         return self.stored_layout(dictionary), {}, None
 
     def val_nulls(self, name: str) -> int | None:
