@@ -293,6 +293,11 @@ class Spine:
         mergers = [lvl.merger for lvl in list(self.levels) if lvl is not None]
         return sum(m.held_bytes() for m in mergers if m is not None)
 
+    def merging_batches(self) -> set[int]:
+        """The ids of the batches a merge in progress is to replace."""
+        return {id(b) for lvl in list(self.levels) if lvl is not None and lvl.merging
+                for b in lvl.batches}
+
     def _merging(self) -> bool:
         return any(lvl is not None and lvl.merging for lvl in self.levels)
 

@@ -232,6 +232,7 @@ def part_blocks(trace, at: int | None = None, dictionary: frozenset = frozenset(
             yield b
         return
     yield from _batch_blocks(trace.ctx, batches[0], at, dictionary, sums, columns,
+                             keep=_keeps(trace, batches[0]),
                              scan=_is_scan(trace, batches, sums, columns))
 
 
@@ -248,7 +249,8 @@ def batch_part_blocks(trace, at: int | None = None, dictionary: frozenset = froz
     trace.check_read_time(at)
     batches = _visible(trace, at)
     scan = _is_scan(trace, batches, sums, columns)
-    return [_batch_blocks(trace.ctx, b, at, dictionary, sums, columns, linear=True, scan=scan)
+    return [_batch_blocks(trace.ctx, b, at, dictionary, sums, columns, linear=True,
+                          keep=_keeps(trace, b), scan=scan)
             for b in batches]
 
 
@@ -279,6 +281,14 @@ def _visible(trace, at) -> list:
     return [b for b in trace.batches() if len(b) and _may_matter(b, at, None, trace.since)]
 
 
+def _keeps(trace, batch) -> bool:
+    """Whether a read keeps the columns it decodes of ``batch``: not when a merge in
+    progress is to replace it (an arrange's runs, read right after it: dim_dim's cold
+    query copied the key columns of eight runs, 20 ms, that the merged batch's would
+    replace)."""
+    return id(batch) not in trace.spine.merging_batches()
+
+
 def _is_scan(trace, batches: list, sums: frozenset, columns: frozenset | None) -> bool:
     """Whether a read of ``batches`` decodes more than the block cache holds (keys and
     key bounds, and the val columns read, at eight bytes a value): the columns such a
@@ -293,13 +303,13 @@ def _is_scan(trace, batches: list, sums: frozenset, columns: frozenset | None) -
 
 
 def _batch_blocks(ctx, batch, at, dictionary, sums, columns, linear: bool = False,
-                  scan: bool = False) -> Iterator[Block]:
+                  keep: bool = True, scan: bool = False) -> Iterator[Block]:
     with ctx.working():
         for part in batch.parts:
             if part.num_updates == 0:
                 continue
             layout, key_sums, counts = part.summed_layout(dictionary, sums, columns, at,
-                                                          linear, keep=True, scan=scan)
+                                                          linear, keep=keep, scan=scan)
             if layout is None:   # a resident part: its updates, reserved already
                 upd, starts = part.read(dictionary)
                 try:

@@ -341,3 +341,24 @@ def test_a_lookup_gathers_from_a_kept_column(tmp_path, monkeypatch):
         order = np.argsort(got.column("query_index").to_numpy())
         want = fact.column("x").take(asked.column("k")).to_numpy()
         assert np.array_equal(got.column("x").to_numpy()[order], want)
+
+
+def test_batches_a_merge_is_to_replace_keep_nothing(tmp_path):
+    """Right after an arrange of several runs, whose merge is under way, a query keeps
+    no column of them; once merged, the merged batch's columns are kept."""
+    from arrangedb import group_by, join
+
+    rng = np.random.default_rng(12)
+    n, keys = 400_000, 60_000
+    orders = pa.table({"c": rng.integers(0, keys, n), "o": np.arange(n)})
+    customers = pa.table({"c": np.arange(keys), "seg": pa.array(rng.choice(["A", "B"], keys))})
+    with Engine(spill_dir=tmp_path, memory_budget="64MiB", idle_merge=False) as engine:
+        o = engine.arrange(orders, key=["c"], vals=["o"])
+        c = engine.arrange(customers, key=["c"], vals=["seg"])
+        assert len(o.batches()) > 1 and o.spine.merging_batches()
+        plan = group_by(join(o, c), by="seg", aggs={"n": ("count", None)})
+        assert plan.read_all().column("n").to_numpy().sum() == n
+        assert not _kept(o)
+        o.merge_all()
+        assert plan.read_all().column("n").to_numpy().sum() == n
+        assert _kept(o)
