@@ -157,6 +157,11 @@ def summed_nulls(node) -> bool:
 
 def _scatter(values: pa.Array, positions: np.ndarray, n: int, t: pa.DataType) -> pa.Array:
     """``n`` zeros of type ``t`` with ``values`` placed at ``positions``."""
+    if values.type == t and not values.null_count and (pa.types.is_integer(t)
+                                                       or pa.types.is_floating(t)):
+        placed = np.zeros(n, t.to_pandas_dtype())   # plain numbers: placed by numpy
+        placed[positions] = values.to_numpy()
+        return pa.array(placed, t)
     out = pa.array(np.zeros(n, np.int64)).cast(t)
     if not len(positions):
         return out
