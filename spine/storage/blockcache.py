@@ -23,12 +23,12 @@ holds of its page file (:meth:`BlockCache.forget`). The columns of a read larger
 the cache (a scan: ``spine.read.cursor``) give way to those of a read that fits, however
 often they were read: a view's build over a fact table would otherwise fill the cache
 with columns read once, which the counts then held against the view's own. A scan
-repeated still keeps what it kept first (the join bench's warm query over 4M customers:
-0.053 s, against 0.060-0.067 s keeping none). Nothing is kept of a batch a merge in
-progress is to replace (an arrange's runs, read right after it). A lookup gathers from a kept column when
-there is one (:meth:`BlockCache.held`): a maintained view's refresh looks up the rows
-the last query read (two_hop's 244k customers: 15 -> 4.5 ms). Merges and scans decode
-as before, keeping nothing.
+repeated still keeps what it kept first (the join bench's warm query over 4M
+customers: 0.053 s, against 0.060-0.067 s keeping none). Nothing is kept of a batch a
+merge in progress is to replace (an arrange's runs, read right after it). A lookup
+gathers from a kept column when there is one (:meth:`BlockCache.held`): a maintained
+view's refresh looks up the rows the last query read (two_hop's 244k customers: 15 ->
+4.5 ms). Merges and scans decode as before, keeping nothing.
 
 Invariants
 ----------
