@@ -31,22 +31,26 @@ from arrangedb.spine.storage.dictionaries import with_dictionaries
 FIELDS = ("keys", "key_bounds", "vals", "val_bounds", "times", "diffs")
 
 
-def payload_bytes(table: pa.Table | None) -> int:
-    """Bytes of key/val data proper: values of fixed-width columns, bytes of strings."""
+def payload_bytes(table: pa.Table | None, rows: np.ndarray | None = None) -> int:
+    """Bytes of key/val data proper: values of fixed-width columns, bytes of strings.
+    ``rows``: of those rows only (gathered for string columns alone)."""
     if table is None:
         return 0
     total = 0
+    n = table.num_rows if rows is None else len(rows)
     for col in table.columns:
         t = col.type
         if pa.types.is_binary(t) or pa.types.is_string(t) or \
                 pa.types.is_large_binary(t) or pa.types.is_large_string(t):
+            if rows is not None:
+                col = col.take(pa.array(rows))
             total += int(sum(_value_bytes(c) for c in col.chunks))
         elif pa.types.is_boolean(t):
-            total += (len(col) + 7) // 8
+            total += (n + 7) // 8
         elif pa.types.is_null(t):
             continue    # nulls only: no values
         else:
-            total += len(col) * (t.bit_width // 8)
+            total += n * (t.bit_width // 8)
     return total
 
 

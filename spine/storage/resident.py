@@ -108,11 +108,11 @@ def resident_part(run: Updates, starts: np.ndarray, copy: bool = True) -> Reside
     if copy:
         run = replace(run, keys=_owned(run.keys), vals=_owned(run.vals))
     keys = run.keys
-    distinct = keys.take(starts[:-1])      # payload as a paged part counts it: per key
     return ResidentPart(num_updates=len(run), num_keys=len(starts) - 1,
                         first_key=boundary_key(keys, 0),
                         last_key=boundary_key(keys, keys.num_rows - 1),
-                        payload=payload_bytes(distinct) + payload_bytes(run.vals),
+                        # payload as a paged part counts it: keys once each
+                        payload=payload_bytes(keys, starts[:-1]) + payload_bytes(run.vals),
                         stored=run.nbytes + starts.nbytes, updates=run, starts=starts)
 
 

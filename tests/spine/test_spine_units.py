@@ -1119,3 +1119,19 @@ def test_an_insert_of_another_kind_of_value_is_refused_whatever_its_values():
         with pytest.raises(SchemaError, match="not all of its values fit"):   # int8
             e.arrange(pa.table({"k": pa.array([1], pa.int8())}), key=["k"]).insert(
                 pa.table({"k": [300]}))
+
+
+def test_payload_of_rows_is_the_payload_of_those_rows_gathered():
+    """``payload_bytes(table, rows)`` (a resident part's keys, counted once each) equals
+    the payload of the rows taken, for strings with nulls, integers and booleans over
+    several chunks."""
+    from arrangedb.spine.storage.part import payload_bytes
+
+    rng = np.random.default_rng(13)
+    t = pa.table({"s": pa.array(rng.choice(["a", "bbb", "cc", None], 1000).tolist()),
+                  "i": rng.integers(0, 9, 1000),
+                  "b": rng.integers(0, 2, 1000).astype(bool)})
+    t = pa.concat_tables([t.slice(0, 400), t.slice(400)])
+    for k in (0, 1, 300, 1000):
+        rows = np.sort(rng.choice(1000, k, replace=False))
+        assert payload_bytes(t, rows) == payload_bytes(t.take(pa.array(rows, pa.int64())))
