@@ -54,9 +54,13 @@ class KeyPartials:
         # Counts are mostly one value (each stored row once): sum the values per key and
         # correct for the few rows counted otherwise, instead of weighing every row
         unit = int(counts[0]) if len(counts) and counts[0] != 0 else 1
-        odd = None if is_constant(counts) else np.flatnonzero(counts != unit)
-        if odd is not None and len(odd) > len(counts) // 8:
-            odd, unit = None, None   # not few: weigh every row
+        odd = None
+        if not is_constant(counts):
+            other = counts != unit
+            if np.count_nonzero(other) > len(counts) // 8:
+                unit = None   # not few (a delta's retractions): weigh every row
+            else:
+                odd = np.flatnonzero(other)
         odd_key = (None if odd is None or not len(odd)
                    else np.searchsorted(bounds, odd, side="right") - 1)
 

@@ -110,7 +110,9 @@ def added(view, delta: pa.Table, aggs: dict) -> pa.Table | None:
     alive = pc.greater(new_cols[view.val_names.index(count)], 0).to_numpy(
         zero_copy_only=False)
     new = pa.table(dict(zip(view.key_names, keys.columns)) |
-                   dict(zip(view.val_names, new_cols))).filter(pa.array(alive))
+                   dict(zip(view.val_names, new_cols)))
+    if not alive.all():   # (usually every touched group keeps rows)
+        new = new.filter(pa.array(alive))
     new = new.append_column(DIFF, pa.array(np.ones(new.num_rows, np.int64)))
     gone = as_retractions(old, view.key_names + view.val_names)
     return pa.concat_tables([gone, new.cast(delta_schema(view))])
@@ -135,8 +137,10 @@ def _non_finite_retracted(changes: pa.RecordBatch, column: str) -> bool:
     col = changes.column(column)
     if not pa.types.is_floating(col.type) or not len(col):
         return False
-    bad = pc.and_(pc.less(changes.column("diff"), 0), pc.invert(pc.is_finite(col)))
-    return bool(pc.any(bad).as_py())
+    finite = np.isfinite(col.to_numpy(zero_copy_only=False))   # (no nulls: checked first)
+    if finite.all():   # the usual case: one pass
+        return False
+    return bool((~finite & (changes.column("diff").to_numpy() < 0)).any())
 
 
 def summed(aggs: dict) -> list[str]:
