@@ -11,10 +11,12 @@ would be two batches, merged by every join that reads it).
 The chain holds its builder open between runs: a run's last part stays buffered (a
 part's worth, reserved) until the next run goes on, which first writes it as it is, so
 that the next run's rows are never concatenated with it; or until the chain closes.
+A build cuts its runs between keys (:func:`split_last_key`), so that such runs chain.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 
 from arrangedb.spine.build.builder import Builder
@@ -99,3 +101,37 @@ class Chain:
         builder, self.builder, self._last = self.builder, None, None
         if builder is not None:
             builder.abort()
+
+
+def split_last_key(buffered: list[Updates]) -> list[Updates]:
+    """Cut the rows at the end of ``buffered`` that hold its last key off it (returned,
+    in order), when the key is one integer column and some earlier row holds another
+    key; else nothing is cut."""
+    last = _key_values(buffered[-1])
+    if last is None or not len(last):
+        return []
+    key, tail = last[-1], []
+    for i in range(len(buffered) - 1, -1, -1):
+        values = _key_values(buffered[i])
+        if values is None:
+            break
+        for window in (values[-256:], values):   # a key's rows are mostly few
+            other = np.flatnonzero(window != key)
+            if len(other):
+                keep = len(values) - len(window) + int(other[-1]) + 1
+                tail.insert(0, buffered[i].slice(keep, len(values)))
+                buffered[i] = buffered[i].slice(0, keep)
+                del buffered[i + 1:]
+                return [t for t in tail if len(t)]
+        tail.insert(0, buffered[i])   # all of it the last key: look further back
+    return []   # one key throughout: nothing to cut
+
+
+def _key_values(upd: Updates) -> np.ndarray | None:
+    keys = upd.keys
+    if keys.num_columns != 1:
+        return None
+    col = keys.column(0)
+    if not pa.types.is_integer(col.type) or col.null_count:
+        return None
+    return col.to_numpy()

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import itertools
 
-import numpy as np
 import pyarrow as pa
 
 from arrangedb.spine.build.builder import Builder
-from arrangedb.spine.build.chain import Chain
+from arrangedb.spine.build.chain import Chain, split_last_key
 from arrangedb.spine.build.merger import Merger
 from arrangedb.spine.data import roles
 from arrangedb.spine.data.ingest import (Columns, is_file_input, known_rows, open_batches,
@@ -78,40 +77,6 @@ def _written(builder: Builder, run: Updates) -> Batch:
     except BaseException:
         builder.abort()   # its reservation and half-written file go now
         raise
-
-
-def _split_last_key(buffered: list[Updates]) -> list[Updates]:
-    """Cut the rows at the end of ``buffered`` that hold its last key off it (returned,
-    in order), when the key is one integer column and some earlier row holds another
-    key; else nothing is cut."""
-    last = _key_values(buffered[-1])
-    if last is None or not len(last):
-        return []
-    key, tail = last[-1], []
-    for i in range(len(buffered) - 1, -1, -1):
-        values = _key_values(buffered[i])
-        if values is None:
-            break
-        for window in (values[-256:], values):   # a key's rows are mostly few
-            other = np.flatnonzero(window != key)
-            if len(other):
-                keep = len(values) - len(window) + int(other[-1]) + 1
-                tail.insert(0, buffered[i].slice(keep, len(values)))
-                buffered[i] = buffered[i].slice(0, keep)
-                del buffered[i + 1:]
-                return [t for t in tail if len(t)]
-        tail.insert(0, buffered[i])   # all of it the last key: look further back
-    return []   # one key throughout: nothing to cut
-
-
-def _key_values(upd: Updates) -> np.ndarray | None:
-    keys = upd.keys
-    if keys.num_columns != 1:
-        return None
-    col = keys.column(0)
-    if not pa.types.is_integer(col.type) or col.null_count:
-        return None
-    return col.to_numpy()
 
 
 class RunBuilder:
@@ -187,7 +152,7 @@ class RunBuilder:
             ``last``: an input in key order is cut between keys, so its runs chain."""
             nonlocal buffered, size, rows, run_bytes, room
             run = buffered
-            tail = [] if last or chain is None else _split_last_key(run)
+            tail = [] if last or chain is None else split_last_key(run)
             held = sum(t.nbytes for t in tail)   # stays reserved, as the next run's start
             reserved, buffered = size - held, tail
             size, rows = held, sum(len(t) for t in tail)
