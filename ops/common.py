@@ -49,7 +49,8 @@ def output_chunks(sizes: np.ndarray, batch_rows: int) -> Iterator[tuple[np.ndarr
         g1 = int(np.searchsorted(ends, hi - 1, side="right")) + 1
         # rows lo..hi fall in groups g0..g1-1
         sub = np.minimum(ends[g0:g1], hi) - np.maximum(starts[g0:g1], lo)
-        group = np.repeat(np.arange(g0, g1, dtype=np.int64), sub)
+        group = run_index(sub)
+        group += g0
         first = np.maximum(starts[g0:g1], lo) - starts[g0:g1]
         pos = ranges(first, sub)
         yield group, pos

@@ -245,7 +245,7 @@ def repeat_rows(table: pa.Table, counts: np.ndarray) -> pa.Table:
         if arr.null_count == 0 and (pa.types.is_integer(t) or pa.types.is_floating(t)):
             arrays.append(pa.array(np.repeat(arr.to_numpy(), counts), t))
         else:
-            idx = pa.array(np.repeat(np.arange(len(arr), dtype=np.int64), counts))
+            idx = pa.array(run_index(counts))
             arrays.append(arr.take(idx))
     return pa.Table.from_arrays(arrays, schema=table.schema)
 

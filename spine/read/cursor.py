@@ -232,7 +232,7 @@ def part_blocks(trace, at: int | None = None, dictionary: frozenset = frozenset(
             yield b
         return
     yield from _batch_blocks(trace.ctx, batches[0], at, dictionary, sums, columns,
-                             keep=_keeps(trace, batches[0]),
+                             keep=_keeps(trace, batches)[0],
                              scan=_is_scan(trace, batches, sums, columns))
 
 
@@ -250,8 +250,8 @@ def batch_part_blocks(trace, at: int | None = None, dictionary: frozenset = froz
     batches = _visible(trace, at)
     scan = _is_scan(trace, batches, sums, columns)
     return [_batch_blocks(trace.ctx, b, at, dictionary, sums, columns, linear=True,
-                          keep=_keeps(trace, b), scan=scan)
-            for b in batches]
+                          keep=keep, scan=scan)
+            for b, keep in zip(batches, _keeps(trace, batches))]
 
 
 def may_change(trace, since: int, upto: int) -> bool:
@@ -281,12 +281,13 @@ def _visible(trace, at) -> list:
     return [b for b in trace.batches() if len(b) and _may_matter(b, at, None, trace.since)]
 
 
-def _keeps(trace, batch) -> bool:
-    """Whether a read keeps the columns it decodes of ``batch``: not when a merge in
-    progress is to replace it (an arrange's runs, read right after it: dim_dim's cold
-    query copied the key columns of eight runs, 20 ms, that the merged batch's would
-    replace)."""
-    return id(batch) not in trace.spine.merging_batches()
+def _keeps(trace, batches: list) -> list[bool]:
+    """Whether a read keeps the columns it decodes of each of ``batches``: not of one a
+    merge in progress is to replace (an arrange's runs, read right after it: dim_dim's
+    cold query copied the key columns of eight runs, 20 ms, that the merged batch's
+    would replace)."""
+    merging = trace.spine.merging_batches()
+    return [id(b) not in merging for b in batches]
 
 
 def _is_scan(trace, batches: list, sums: frozenset, columns: frozenset | None) -> bool:

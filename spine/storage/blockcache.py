@@ -114,14 +114,9 @@ class BlockCache:
         return column
 
     def held(self, key):
-        """The kept column under ``key``, or None: a lookup's gather from it."""
-        with self._lock:
-            self._purge()
-            column = self._blocks.get(key)
-            if column is not None:
-                self._blocks.move_to_end(key)
-                self.hits += 1
-            return column
+        """The kept column under ``key``, or None: a lookup's gather from it (a lookup
+        asks of every column it reads: no answer is not counted a miss)."""
+        return self._cached(key, miss=False)
 
     def forget(self, path: str) -> None:
         """Page file ``path`` is gone (its batch was merged away or dropped): what is
@@ -146,13 +141,13 @@ class BlockCache:
             self.budget.release(freed, WHAT)
         self._reads = {k: n for k, n in self._reads.items() if k[0] not in paths}
 
-    def _cached(self, key):
-        """The entry under ``key``, made the most recent (a hit), or None (a miss)."""
+    def _cached(self, key, miss: bool = True):
+        """The entry under ``key``, made the most recent (a hit), or None (a ``miss``)."""
         with self._lock:
             self._purge()
             entry = self._blocks.get(key)
             if entry is None:
-                self.misses += 1
+                self.misses += miss
                 return None
             self._blocks.move_to_end(key)
             self.hits += 1
