@@ -136,11 +136,11 @@ class Plan:
         """The plan as written, as it runs (after the planner's rewrites), and why."""
         return _planner.explain(self._node)
 
-    def maintained(self, engine, key=None, name=None, path=None):
+    def maintained(self, engine, key=None, name=None, path=None, history="last"):
         """The plan's output as a maintained view in ``engine`` (``engine.view``)."""
         if _maintainer is None:
             raise RuntimeError("views need arrangedb.ops.view, which arrangedb.ops loads")
-        return _maintainer(self, engine, key, name, path)
+        return _maintainer(self, engine, key, name, path, history)
 
     def __repr__(self) -> str:
         return f"<arrangedb plan: {self._node.op}; {len(self.schema)} columns " \
@@ -172,7 +172,7 @@ def use_planner(planner) -> None:
 
 def use_maintainer(maintain) -> None:
     """Install what ``Plan.maintained`` (``engine.view``) calls: ``maintain(plan,
-    engine, key, name, path) -> trace``."""
+    engine, key, name, path, history) -> trace``."""
     global _maintainer
     _maintainer = maintain
 

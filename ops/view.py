@@ -8,7 +8,8 @@ checkpointed like any other. Before a view answers a read it refreshes: the inpu
 uppers are advanced to the latest of them (their times are one timeline, as in
 differential dataflow, so no input may later receive updates at a time the view has
 read through), and the output's changes at each input time since the view's own upper
-are inserted at that time. Reads of the view at any time since it was made are exact.
+are inserted at that time. Reads of the view at any time it keeps (see History) are
+exact.
 
 How a change is computed, by the plan's shape:
 
@@ -44,6 +45,9 @@ How a change is computed, by the plan's shape:
     inserted (both streamed into the view's runs). Correct for every plan; as costly as
     the plan; exact at the latest time of each refresh (earlier times of one refresh
     fold onto it). ``stats()["refresh_kind"]`` says which a view uses.
+
+History: a view keeps its last refresh's changes and the state before them by default,
+every time with ``history="all"`` (:mod:`arrangedb.ops.view_history`).
 """
 
 from __future__ import annotations
@@ -58,7 +62,8 @@ from arrangedb.ops.reduce import reduce_of_keys
 from arrangedb.ops.view_delta import (DIFF, VIEW_TIME, as_retractions, at_time,
                                       at_time_table, change_chunks, change_times,
                                       changed_only, delta_schema, key_steps, plain_field,
-                                      queries_rows, step_bounds)
+                                      queries_rows, step_bounds, touched_keys)
+from arrangedb.ops.view_history import checked_history, hint, own_since
 from arrangedb.ops.view_linear import apply_linear, summed_nulls
 from arrangedb.ops.view_kind import checked_aggs, default_key, kind_of, traces_of
 from arrangedb.ops.view_reduce import stored_delta
@@ -80,6 +85,7 @@ class View(Trace):
     _refreshing = False
     state = None         # a reduce view's accumulators (ops/view_state.py), if it keeps any
     _holds: tuple | list = ()   # a handle on each input (bind)
+    history = "last"     # what it keeps of its past (view_history.HISTORIES)
 
     @classmethod
     def made(cls, engine, plan, key=None, name=None) -> "View":
@@ -183,6 +189,8 @@ class View(Trace):
                         t.refresh()
                 target = max(t.upper() for t in self.inputs)
                 if target > self._upper:
+                    self._own_since = own_since(self.history, self._upper, self._own_since)
+                    self.update_frontiers()   # what came before this refresh may fold
                     # what the refresh freed, handed back once RSS is high
                     with self.ctx.settling():
                         for t in self.inputs:
@@ -202,6 +210,10 @@ class View(Trace):
                 self._refreshing = False
         self.notify_idle()
         return self._upper
+
+    @property
+    def history_hint(self) -> str:
+        return hint(self.history)
 
     def advance_upper(self, time: int) -> None:
         """Move the upper frontier to ``time``: the view is brought up to date first, and
@@ -276,7 +288,7 @@ class View(Trace):
             self.keys_from_state += kept_keys
             yield kept
         else:
-            keys = self._touched_keys(changes)
+            keys = touched_keys(changes, self.inputs)
         self.keys_recomputed += keys.num_rows
         for lo, hi in step_bounds(keys.num_rows, keys_per_step):
             yield self._per_key_delta(keys.slice(lo, hi - lo), time,
@@ -315,15 +327,6 @@ class View(Trace):
         diff = table.column(self.weight) if self.weight else pa.array(
             np.ones(table.num_rows, np.int64))
         return table.select(cols).append_column(DIFF, diff.cast(pa.int64()))
-
-    def _touched_keys(self, changes: list[pa.Table]) -> pa.Table:
-        """The distinct keys the inputs' changes touch, sorted (named as the first
-        input's)."""
-        first = self.inputs[0]
-        keys = pa.concat_tables([c.select(t.key_names).rename_columns(first.key_names)
-                                 for c, t in zip(changes, self.inputs)])
-        return keys.group_by(first.key_names).aggregate([]).sort_by(
-            [(k, "ascending") for k in first.key_names])
 
     def _per_key_delta(self, keys: pa.Table, time: int, old: pa.Table | None = None
                        ) -> pa.Table:
@@ -397,19 +400,21 @@ class View(Trace):
     def stats(self) -> dict:
         s = super().stats()
         uppers = [t.upper() for t in self.inputs]
-        s.update(input_uppers=uppers, lag=max(uppers) - self._upper,
+        s.update(input_uppers=uppers, lag=max(uppers) - self._upper, history=self.history,
                  refresh_kind=self.kind, refreshes=self.refreshes,
                  keys_from_state=self.keys_from_state, keys_recomputed=self.keys_recomputed,
                  state_updates=self.state.updates() if self.state is not None else 0)
         return s
 
 
-def maintain(plan, engine, key=None, name=None, path=None) -> View:
+def maintain(plan, engine, key=None, name=None, path=None, history: str = "last") -> View:
     """``engine.view(plan)``: see :class:`View`. ``path``: resume the view checkpointed
     there instead of running the plan."""
-    if path is not None:
-        return View.resumed(engine, plan, path)
-    return View.made(engine, plan, key, name)
+    history = checked_history(history)
+    view = (View.resumed(engine, plan, path) if path is not None
+            else View.made(engine, plan, key, name))
+    view.history = history
+    return view
 
 
 _plan.use_maintainer(maintain)

@@ -169,3 +169,13 @@ def at_time(reader: pa.RecordBatchReader, time: int) -> pa.RecordBatchReader:
             yield pa.RecordBatch.from_arrays(
                 b.columns + [pa.array(np.full(b.num_rows, time, np.uint64))], schema=schema)
     return pa.RecordBatchReader.from_batches(schema, gen())
+
+
+def touched_keys(changes: list[pa.Table], inputs) -> pa.Table:
+    """The distinct keys the ``inputs``' ``changes`` touch, sorted (named as the first
+    input's)."""
+    first = inputs[0]
+    keys = pa.concat_tables([c.select(t.key_names).rename_columns(first.key_names)
+                             for c, t in zip(changes, inputs)])
+    return keys.group_by(first.key_names).aggregate([]).sort_by(
+        [(k, "ascending") for k in first.key_names])

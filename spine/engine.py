@@ -160,19 +160,20 @@ class Engine:
         trace.notify_idle()
         return trace
 
-    def view(self, plan, key=None, name=None, path=None) -> Trace:
+    def view(self, plan, key=None, name=None, path=None, history: str = "last") -> Trace:
         """A maintained view: a trace holding ``plan``'s output (arranged by ``key``;
         default: its group columns, its input's key, or all columns), brought up to date
         from its inputs' changes before each read (``refresh()``). ``path``: the view
         checkpointed there, resumed over ``plan``'s inputs (loaded traces) instead of
-        running the plan. See :mod:`arrangedb.ops.view`."""
+        running the plan. ``history``: ``"last"`` keeps the changes of its last refresh
+        and the state before them, ``"all"`` every time. See :mod:`arrangedb.ops.view`."""
         if self._closed:
             raise RuntimeError("the engine is closed")
         maintained = getattr(plan, "maintained", None)
         if maintained is None:
             raise TypeError(f"engine.view takes a plan of arrangedb's operators (join, "
                             f"group_by, reduce, ...), not {type(plan).__name__}")
-        view = maintained(self, key, name, path)
+        view = maintained(self, key, name, path, history)
         if path is not None:
             return view   # load() tracks it
         self._traces.append(view)

@@ -19,8 +19,9 @@ either commits a new version or, when it raises, leaves the trace exactly as it 
 Handles share the trace: each holds a logical frontier (history it still needs) and
 optionally a physical one (batch boundaries it still needs). The trace compacts only
 to the minimum of its live handles' frontiers; closing or dropping a handle releases
-its hold. A read at a time before the logical frontier is refused: those times have
-been advanced and the answer would be wrong.
+its hold; a trace that lets its own history go (``_own_since``: a view's last refresh)
+compacts no further than they hold either. A read at a time before the logical
+frontier is refused: those times have been advanced and the answer would be wrong.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ class Trace:
     """An arrangement: updates indexed by key, read as snapshots, lookups, changes and
     cursors, written by ``insert``, made durable by ``checkpoint`` (module docstring)."""
 
+    history_hint = ""   # what a read refused for compacted times adds (a view's says more)
+
     def __init__(self, ctx: StorageContext, key_schema: pa.Schema, val_schema: pa.Schema | None,
                  columns: Columns, name: str | None = None):
         self.ctx = ctx
@@ -73,6 +76,7 @@ class Trace:
         self._checkpoint: persist.CheckpointState | None = None
         self.exertion = default_exertion   # idle-time merge policy (build/exertion.py)
         self._upper = 0   # every time held is before it; inserts go at or after it
+        self._own_since: int | None = None   # the trace's own logical frontier, if any
         self._views: weakref.WeakSet = weakref.WeakSet()   # views reading this trace
 
     # -- schema ------------------------------------------------------------------------
@@ -232,8 +236,10 @@ class Trace:
     def update_frontiers(self) -> None:
         with self._write_lock:
             live = self._live_handles()
-            if not all(h.holds_only for h in live):
-                logical = min(h.logical for h in live)
+            wanted = [h.logical for h in live if not h.holds_only] + (
+                [] if self._own_since is None else [self._own_since])
+            if wanted:   # holds (a view's on its input) only keep history
+                logical = min(wanted + [h.logical for h in live if h.holds_only])
                 if logical > self.spine.since:
                     self.spine.set_since(logical)
             physical = [h.physical for h in live if h.physical is not None]
@@ -252,7 +258,8 @@ class Trace:
             raise ValueError(f"at={at}: times are unsigned")
         if at is not None and at < self.spine.since:
             raise ValueError(f"at={at} is before the trace's logical compaction frontier "
-                             f"{self.spine.since}: those times have been compacted away")
+                             f"{self.spine.since}: those times have been compacted away"
+                             f"{self.history_hint}")
 
     def output_schema(self, *extra: pa.Field) -> pa.Schema:
         """Keys, vals and ``extra`` (made with :mod:`arrangedb.spine.data.roles`), marked as
@@ -282,7 +289,8 @@ class Trace:
         frontier = self.spine.since
         if frontier and (since and since <= frontier or upto is not None and upto <= frontier):
             raise ValueError(f"changes({since}, {upto}) reaches before the logical compaction "
-                             f"frontier {frontier}: those times have been compacted away")
+                             f"frontier {frontier}: those times have been compacted away"
+                             f"{self.history_hint}")
         schema = self.output_schema(roles.time_field("time"), roles.weight_field("diff"))
 
         def gen():

@@ -1,6 +1,7 @@
 """Maintained views: after every insert into their inputs, a view reads exactly as its
-plan run afresh -- at the latest time and at every earlier time since it was made --
-for every operator, on random histories with retractions, skew and nulls."""
+plan run afresh -- at the latest time, at every earlier time it keeps (all of them with
+``history="all"``) -- for every operator, on random histories with retractions, skew
+and nulls."""
 
 from __future__ import annotations
 
@@ -103,7 +104,7 @@ def test_a_view_reads_as_its_plan_at_every_time(tmp_path_factory, shape, seed, s
         facts = e.arrange(_facts(rng, 300, keys, skew), key=["k"], vals=["x", "y"])
         dims = e.arrange(_dims(rng, keys), key=["k"], vals=["g", "gi"])
         plan = PLANS[shape](facts, dims)
-        view = e.view(plan)
+        view = e.view(plan, history="all")
         assert view.stats()["refresh_kind"] == KINDS.get(shape, "per key")
         weight = "count" if "count" in plan.schema.names else None
         expected = {view.upper() - 1: _bag(plan.read_all(), weight)}
@@ -124,6 +125,63 @@ def test_a_view_reads_as_its_plan_at_every_time(tmp_path_factory, shape, seed, s
         for at, want in expected.items():
             got = view.snapshot(at=at).read_all()
             assert _bag(got.select(names + ["count"])) == want, at
+
+
+@pytest.mark.parametrize("shape", ["count and sum per group", "extremes per key", "join",
+                                   "max per group", "distinct"])
+def test_a_view_keeps_its_last_refresh_and_stays_small_over_many(tmp_path, shape):
+    """By default a view keeps the changes of its last refresh and the state before them:
+    over many refreshes of the same keys its stored updates stay about the size of its
+    contents, it reads as its plan at both times kept, earlier reads are refused with
+    an error saying how to keep more, and a handle keeps what its reader holds."""
+    rng = np.random.default_rng(3)
+    keys = 40
+    with arrangedb.Engine(spill_dir=tmp_path, memory_budget="64MiB") as e:
+        facts = e.arrange(_facts(rng, 300, keys, False), key=["k"], vals=["x", "y"])
+        dims = e.arrange(_dims(rng, keys), key=["k"], vals=["g", "gi"])
+        plan = PLANS[shape](facts, dims)
+        view = e.view(plan)
+        weight = "count" if "count" in plan.schema.names else None
+        names = [c for c in plan.schema.names if c != weight]
+        held, held_at, states = None, None, {}
+        for step in range(12):
+            facts.insert(_delta(rng, facts, 60, keys, False), diff="d")
+            upper = view.refresh()
+            view.merge_all()   # merges fold the times the view let go
+            states[upper - 1] = _bag(plan.read_all(), weight)
+            if step == 4:   # a reader that holds the view where it is now
+                held, held_at = view.handle(), upper - 1
+            if step < 8:
+                continue
+            for at in (upper - 2, upper - 1):
+                assert _bag(view.snapshot(at=at).read_all().select(names + ["count"])) \
+                    == states[at], (step, at)
+            assert _bag(view.snapshot(at=held_at).read_all().select(names + ["count"])) \
+                == states[held_at]
+        held.close()
+        view.refresh()   # the handle gone, the next refresh lets its times go
+        facts.insert(_delta(rng, facts, 60, keys, False), diff="d")
+        upper = view.refresh()
+        view.merge_all()
+        with pytest.raises(ValueError, match="history='all'"):
+            view.snapshot(at=held_at)
+        with pytest.raises(ValueError, match="history='all'"):
+            view.changes(upper - 2, upper)
+        last = view.changes(upper - 1, upper).read_all()
+        assert set(last.column("time").to_pylist()) <= {upper - 1}
+        contents = sum(view.snapshot().read_all().column("count").to_pylist())
+        assert view.stats()["updates"] <= 2 * contents + 4 * 60 + 100
+        assert view.stats()["history"] == "last"
+
+
+def test_a_view_history_is_last_or_all(tmp_path):
+    with arrangedb.Engine(spill_dir=tmp_path, memory_budget="64MiB") as e:
+        facts = e.arrange(_facts(np.random.default_rng(0), 50, 5, False), key=["k"],
+                          vals=["x", "y"])
+        with pytest.raises(ValueError, match="history='forever'"):
+            e.view(reduce(facts, {"n": ("count", None)}), history="forever")
+        assert e.view(reduce(facts, {"n": ("count", None)}),
+                      history="all").stats()["history"] == "all"
 
 
 def test_a_view_refreshes_before_it_is_read_and_reports_its_lag(tmp_path):
@@ -365,7 +423,7 @@ def test_a_refresh_in_many_steps_equals_one_in_one(tmp_path, monkeypatch, aggs):
     with arrangedb.Engine(spill_dir=tmp_path, memory_budget="64MiB") as e:
         facts = e.arrange(_facts(rng, 300, 40, True), key=["k"], vals=["x", "y"])
         plan = reduce(facts, aggs)
-        view = e.view(plan)
+        view = e.view(plan, history="all")
         for _ in range(3):
             facts.insert(_delta(rng, facts, 50, 40, True), diff="d")
             assert _bag(view.snapshot().read_all().drop_columns(["count"]), None) == \
@@ -422,7 +480,7 @@ def test_a_distinct_view_changes_only_at_rows_crossing_zero(tmp_path_factory, se
         patch.setattr(view_module, "KEYS_PER_STEP", step)
         patch.setattr(view_distinct, "MAX_SLOTS", slots)
         plan = distinct(facts)
-        view = e.view(plan)
+        view = e.view(plan, history="all")
         assert view.stats()["refresh_kind"] == "changed rows"
         for _ in range(3):
             delta = _delta(rng, facts, 40, 15, True)
