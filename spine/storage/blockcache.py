@@ -64,6 +64,7 @@ KEPT_SHARE = 8   # a decoded column is kept when it takes at most this share of 
 KEPT_FROM = 64 << 10   # and at least this much: smaller ones decode in microseconds
 FREQUENCY_KEYS = 4096   # columns whose reads are counted before the counts halve
 OWN_PAGES_FROM = 256 << 10   # a kept buffer this large gets a mapping of its own
+_POPULATED = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
 
 
 class BlockCache:
@@ -267,7 +268,9 @@ def _pages(data):
     view = memoryview(data)
     if view.nbytes < OWN_PAGES_FROM:
         return bytearray(view)
-    pages = mmap.mmap(-1, view.nbytes)
+    # populated at the mapping: the kernel fills the pages in one pass, not a fault
+    # each as the copy touches them (1.5 MiB: 0.49 ms against 0.82 here)
+    pages = mmap.mmap(-1, view.nbytes, flags=_POPULATED)
     pages[:] = view
     return pages
 
