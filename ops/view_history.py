@@ -8,9 +8,9 @@ window. A view stepped many times then holds about its contents and one refresh'
 changes, and a refresh reads a touched key's few rows, not one pair more per earlier
 refresh (the two-hop view of the shapes benchmark, stepped eight times by a 1%
 lineitem delta, the idle merger settling between steps: 0.04-0.21 s a refresh, against
-0.045 s growing to 0.70 s keeping every time). ``"all"``: every time since the view was made, as a trace keeps it. Either way a
-handle on the view holds history for its reader (:class:`arrangedb.spine.Trace`
-compacts no further than its handles hold).
+0.045 s growing to 0.70 s keeping every time). ``"all"``: every time since the view
+was made, as a trace keeps it. Either way a handle on the view holds history for its
+reader (:class:`arrangedb.spine.Trace` compacts no further than its handles hold).
 """
 
 from __future__ import annotations
