@@ -260,6 +260,12 @@ def test_a_checkpointed_view_resumes_over_its_loaded_inputs(tmp_path):
         got = resumed.snapshot().read_all()
         assert resumed.refreshes == 1
         assert _bag(got.drop_columns(["count"]), None) == _bag(plan.read_all(), None)
+        # history="last": the times before its resumed upper fold at that refresh
+        assert resumed.since == upper - 1 and resumed.stats()["history"] == "last"
+        with pytest.raises(ValueError, match="history='all'"):
+            resumed.snapshot(at=upper - 2)
+        with pytest.raises(ValueError, match="history='ever'"):
+            e.view(plan, path=tmp_path / "view", history="ever")
         other = group_by(join(facts, dims), by="g", aggs={"n": ("count", None)})
         with pytest.raises(ValueError, match="the view of another plan"):
             e.view(other, path=tmp_path / "view")
