@@ -94,9 +94,12 @@ KINDS = {"count and sum per group": "linear", "max per group": "whole",
 @pytest.mark.parametrize("shape", list(PLANS))
 @settings(max_examples=6, deadline=None)
 @given(seed=st.integers(0, 2 ** 16), skew=st.booleans(), steps=st.integers(1, 4),
-       fact_side=st.sampled_from(["facts", "dims", "both"]))
+       fact_side=st.sampled_from(["facts", "dims", "both"]),
+       history=st.sampled_from(["all", "last"]))
 def test_a_view_reads_as_its_plan_at_every_time(tmp_path_factory, shape, seed, skew, steps,
-                                                fact_side):
+                                                fact_side, history):
+    """Every time it keeps (``history="all"``: all of them; ``"last"``: its last
+    refresh's and the state before it, earlier reads refused)."""
     rng = np.random.default_rng(seed)
     keys = 40
     with arrangedb.Engine(spill_dir=tmp_path_factory.mktemp("view"),
@@ -104,7 +107,7 @@ def test_a_view_reads_as_its_plan_at_every_time(tmp_path_factory, shape, seed, s
         facts = e.arrange(_facts(rng, 300, keys, skew), key=["k"], vals=["x", "y"])
         dims = e.arrange(_dims(rng, keys), key=["k"], vals=["g", "gi"])
         plan = PLANS[shape](facts, dims)
-        view = e.view(plan, history="all")
+        view = e.view(plan, history=history)
         assert view.stats()["refresh_kind"] == KINDS.get(shape, "per key")
         weight = "count" if "count" in plan.schema.names else None
         expected = {view.upper() - 1: _bag(plan.read_all(), weight)}
@@ -116,13 +119,20 @@ def test_a_view_reads_as_its_plan_at_every_time(tmp_path_factory, shape, seed, s
                                   "g": pa.array(rng.choice(["a", "d"], 5)),
                                   "gi": pa.array(rng.integers(-9, 9, 5), pa.int64())})
                 dims.insert(extra)
+            before = view.upper()   # the last refresh's first time
             upper = view.refresh()
             assert upper == max(t.upper() for t in view.inputs)
             expected[upper - 1] = _bag(plan.read_all(), weight)
         if KINDS.get(shape, "").startswith("stored") and fact_side != "dims":
             assert view.stats()["keys_from_state"] > 0   # most keys: from their stored row
         names = [c for c in plan.schema.names if c != weight]
+        kept_from = 0 if history == "all" else max(0, before - 1)   # its state before
+        assert view.since == kept_from
         for at, want in expected.items():
+            if at < kept_from:
+                with pytest.raises(ValueError, match="compacted away"):
+                    view.snapshot(at=at)
+                continue
             got = view.snapshot(at=at).read_all()
             assert _bag(got.select(names + ["count"])) == want, at
 
