@@ -168,8 +168,7 @@ def test_a_view_keeps_its_last_refresh_and_stays_small_over_many(tmp_path, shape
                     == states[at], (step, at)
             assert _bag(view.snapshot(at=held_at).read_all().select(names + ["count"])) \
                 == states[held_at]
-        held.close()
-        view.refresh()   # the handle gone, the next refresh lets its times go
+        held.close()   # the handle gone, the next refresh lets its times go
         facts.insert(_delta(rng, facts, 60, keys, False), diff="d")
         upper = view.refresh()
         view.merge_all()
