@@ -143,6 +143,52 @@ def test_keys_of_a_float_and_another_column_cancel_across_batches(batches, merge
             assert t.stats()["keys"] == len(live_keys)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 3), SIGNED_ZEROS_AND_NAN, st.integers(0, 2),
+                                   st.sampled_from(["", "a", None]),
+                                   st.sampled_from([1, -1])), min_size=1, max_size=12),
+                min_size=1, max_size=4),
+       st.booleans(), st.integers(0, 3))
+def test_lookups_count_vals_over_times_as_the_model(steps, merged, at):
+    """A lookup of keys whose (float, int, string) vals have rows at several times -- in
+    one merged batch, where a key's equal rows lie side by side, or in several -- counts
+    each val at ``at`` as the model does: -0.0 apart from 0.0, every NaN one val, a null
+    string apart from the empty one."""
+    model: dict = {}
+    with arrangedb.Engine(memory_budget="64MiB", idle_merge=False) as e:
+        t = None
+        for time, rows in enumerate(steps):
+            table = pa.table({"k": pa.array([r[0] for r in rows], pa.int64()),
+                              "f": pa.array([r[1] for r in rows], pa.float64()),
+                              "i": pa.array([r[2] for r in rows], pa.int64()),
+                              "s": pa.array([r[3] for r in rows], pa.string()),
+                              "t": pa.array([time] * len(rows), pa.uint64()),
+                              "d": pa.array([r[4] for r in rows], pa.int64())})
+            if t is None:
+                t = e.arrange(table, key=["k"], vals=["f", "i", "s"], time="t", diff="d")
+            else:
+                t.insert(table, time="t", diff="d")
+            for k, f, i, s, d in rows:
+                row = (k, _float_bits(f), i, s, time)
+                model[row] = model.get(row, 0) + d
+        if merged:
+            t.merge_all()
+        at = min(at, len(steps) - 1)
+        queries = [3, 0, 1, 1, 2]
+        got = t.lookup(pa.table({"k": pa.array(queries, pa.int64())}), at=at)
+        rows = zip(got["query_index"].to_pylist(), got["f"].to_pylist(),
+                   got["i"].to_pylist(), got["s"].to_pylist(), got["count"].to_pylist())
+        found = {(q, _float_bits(f), i, s): c for q, f, i, s, c in rows}
+        assert len(found) == got.num_rows
+    expected: dict = {}
+    for (k, f, i, s, time), d in model.items():
+        if time <= at:
+            for q, key in enumerate(queries):
+                if key == k:
+                    expected[(q, f, i, s)] = expected.get((q, f, i, s), 0) + d
+    assert found == {r: c for r, c in expected.items() if c}
+
+
 # -- kernels and layout --------------------------------------------------------------------
 
 UPDATES = st.lists(st.tuples(st.integers(-3, 3), st.sampled_from(["", "a", "b", None]),
