@@ -232,20 +232,28 @@ def sorted_row_starts(table: pa.Table) -> np.ndarray:
     differs = np.zeros(n, dtype=bool)
     differs[0] = True
     for col in table.columns:
-        if pa.types.is_null(col.type):
-            continue    # nulls only: every row alike
-        col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-        a, b = col.slice(1), col.slice(0, n - 1)
-        if pa.types.is_floating(col.type):   # as sorted: -0.0 before 0.0, NaN equal to NaN
-            c = _column_values(col)
-            ne = c[1:] != c[:-1]
-        else:
-            ne = pc.not_equal(a, b).fill_null(False).to_numpy(zero_copy_only=False)
-        if col.null_count:
-            ne |= (a.is_null().to_numpy(zero_copy_only=False)
-                   != b.is_null().to_numpy(zero_copy_only=False))
-        differs[1:] |= ne
+        differs[1:] |= differs_from_previous(col)
     return np.flatnonzero(differs)
+
+
+def differs_from_previous(col) -> np.ndarray:
+    """Per row after the first, whether it differs from the row before, as the sorts
+    tell values apart: floats by their codes (-0.0 before 0.0, every NaN one value), a
+    null apart from any value and equal to a null."""
+    n = len(col)
+    if pa.types.is_null(col.type) or n < 2:
+        return np.zeros(max(n - 1, 0), dtype=bool)    # nulls only: every row alike
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    a, b = col.slice(1), col.slice(0, n - 1)
+    if pa.types.is_floating(col.type):
+        c = _column_values(col)
+        ne = c[1:] != c[:-1]
+    else:
+        ne = pc.not_equal(a, b).fill_null(False).to_numpy(zero_copy_only=False)
+    if col.null_count:
+        ne |= (a.is_null().to_numpy(zero_copy_only=False)
+               != b.is_null().to_numpy(zero_copy_only=False))
+    return ne
 
 
 def count_le(sorted_keys: pa.Table, bound: pa.Table) -> int:

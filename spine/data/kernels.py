@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from arrangedb.spine.data.codes import (absolute_codes, codes, count_le, is_absolute,
-                                        sorted_row_starts)
+from arrangedb.spine.data.codes import (absolute_codes, codes, count_le, differs_from_previous,
+                                        is_absolute, sorted_row_starts)
 from arrangedb.spine.data.order import (is_identity, never_falls, run_lengths, sort_rows,
                                         sorted_rows)
 from arrangedb.spine.data.packed_rows import distinct_sorted
@@ -208,7 +207,7 @@ def adjacent_sums(kc: np.ndarray, vals: pa.Table | None, diffs: np.ndarray
     first row: ``(positions kept, their sums)``, zero sums dropped (positions None:
     every row kept, its diff as it is). Rows read back in stored (key, val, time) order
     -- the rows of a key in one batch -- consolidate this way without a sort. None when
-    a val column does not compare here (:func:`_differs_from_previous`)."""
+    a val column does not compare so (a dictionary or nested column: the sort ranks it)."""
     n = len(kc)
     if n == 0:
         return None, diffs
@@ -216,34 +215,16 @@ def adjacent_sums(kc: np.ndarray, vals: pa.Table | None, diffs: np.ndarray
     starts[0] = True
     np.not_equal(kc[1:], kc[:-1], out=starts[1:])
     for col in vals.columns if vals is not None else ():
-        differs = _differs_from_previous(col)
-        if differs is None:
+        if not _compares_adjacent(col.type):
             return None
-        starts[1:] |= differs
+        starts[1:] |= differs_from_previous(col)
     return _nonzero_sums(diffs, np.flatnonzero(starts))
 
 
-def _differs_from_previous(col) -> np.ndarray | None:
-    """Per row after the first, whether it differs from the row before, as the sorts'
-    codes tell values apart (floats by their bits, one NaN; a null from any value);
-    None for a column compared only through ranks (nulls in fixed-width columns,
-    decimals past int64, nested and dictionary types)."""
-    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    t, n = col.type, len(col)
-    if is_absolute([t]):
-        if col.null_count:
-            return None
-        x = absolute_codes(pa.table({"c": col}), ["c"])
-        return x[1:] != x[:-1]
-    if not (pa.types.is_string(t) or pa.types.is_large_string(t)
-            or pa.types.is_binary(t) or pa.types.is_large_binary(t)):
-        return None
-    now, before = col.slice(1), col.slice(0, n - 1)
-    differs = pc.not_equal(now, before)   # null where either is
-    if col.null_count:
-        differs = pc.or_(differs.fill_null(False),
-                         pc.not_equal(now.is_valid(), before.is_valid()))
-    return differs.to_numpy(zero_copy_only=False)
+def _compares_adjacent(t: pa.DataType) -> bool:
+    return (is_absolute([t]) or pa.types.is_null(t) or pa.types.is_string(t)
+            or pa.types.is_large_string(t) or pa.types.is_binary(t)
+            or pa.types.is_large_binary(t))
 
 
 def filter_times(upd: Updates, since: int, upto: int | None) -> Updates:
