@@ -36,7 +36,8 @@ CODECS = REGISTRY
 
 __all__ = ["CODECS", "CodecError", "Encoded", "choose_codec", "decimal_words", "decode",
            "decode_dictionary", "set_threads", "unscaled_int64",
-           "decode_range", "decodes_fresh", "encode", "encoded_length", "segment_sums", "take",
+           "decode_range", "decodes_fresh", "encode", "encode_codes", "encoded_length",
+           "segment_sums", "take",
            "take_dictionary"]
 
 _DECODE_ERRORS = (ValueError, TypeError, KeyError, IndexError, OverflowError, AttributeError,
@@ -61,6 +62,14 @@ def encode(values, codec: str = "auto", **options) -> Encoded:
     chosen = lookup(name)
     enc = chosen.encode(values, **options)
     return enc if enc is not None else PLAIN.encode(values)
+
+
+def encode_codes(values: pa.DictionaryArray) -> Encoded | None:
+    """A dictionary array's values encoded by ``dict`` from its own codes and dictionary:
+    decoded, they are its values (the value type), as if ``encode`` had been given them,
+    without hashing them again. None when the codec does not take them (see
+    ``Dictionary.encode_codes``): decode the array and ``encode`` its values instead."""
+    return dictionary.DICT.encode_codes(values)
 
 
 def decode(codec: str, version: int, meta: dict, buffers):

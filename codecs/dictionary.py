@@ -138,13 +138,29 @@ class Dictionary(Codec):
             validity = validity_of(arr)
             meta["validity"] = validity is not None
         dictionary = encoded.dictionary
-        indices = encoded.indices
+        if isinstance(values, np.ndarray):
+            dictionary = dictionary.to_numpy().astype(values.dtype, copy=False)
+        return self.from_codes(meta, encoded.indices, dictionary, validity)
+
+    def encode_codes(self, arr: pa.DictionaryArray) -> Encoded | None:
+        """``arr``'s values from its own codes and dictionary, not hashed again; they
+        decode to the value type. None for a dictionary with a null, or of a type not
+        stored here."""
+        t = arr.type.value_type
+        if arr.dictionary.null_count or not dict_applies(pa.array([], t)):
+            return None
+        arr = normalize_arrow(arr)
+        validity = validity_of(arr)
+        meta = dict(arrow_meta(pa.array([], t)), length=len(arr), null_count=arr.null_count,
+                    validity=validity is not None)
+        return self.from_codes(meta, arr.indices, arr.dictionary, validity)
+
+    def from_codes(self, meta: dict, indices: pa.Array, dictionary, validity) -> Encoded:
+        """The encoding of ``indices`` (nulls under ``validity``) into ``dictionary``."""
         if indices.null_count:
             indices = pc.fill_null(indices, 0)
         bits = code_bits(len(dictionary))
         codes, blocks = entropy_code(pack_codes(indices.to_numpy(), bits), bits)
-        if isinstance(values, np.ndarray):
-            dictionary = dictionary.to_numpy().astype(values.dtype, copy=False)
         dmeta, dbufs = encode_parts(dictionary)
         meta.update(cardinality=len(dictionary), code_bits=bits, dict=dmeta)
         if blocks is not None:

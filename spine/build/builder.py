@@ -65,7 +65,7 @@ class Builder:
             return
         run = Updates.concat(self._pending)
         self._pending, self._pending_bytes = [], 0
-        per_row = max(run.nbytes // max(len(run), 1), 1)
+        per_row = max(run.decoded_nbytes // max(len(run), 1), 1)
         rows = max(self.part_bytes // per_row, 1)
         if len(run) <= rows:
             self._emit(run)
@@ -105,6 +105,8 @@ class Builder:
         self._reserved = self._pending_bytes
 
     def _emit(self, run: Updates, kstarts: np.ndarray | None = None) -> None:
+        if self._writer is None:   # a part kept in memory is read as it is: codes decoded
+            run = run.with_plain_vals()
         layout = to_layout(run, kstarts)
         if self._writer is None:
             part = MemoryPart(

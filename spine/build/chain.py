@@ -61,7 +61,7 @@ class Chain:
         next runs are likely to follow it."""
         self.builder, self._large, self._payload = builder, large, 0
         if ordered:
-            self._grow(max(self.expected, run.nbytes))
+            self._grow(max(self.expected, run.decoded_nbytes))
         self.push(run)
 
     def push(self, run: Updates) -> None:
@@ -70,9 +70,9 @@ class Chain:
             return
         if self._last is not None:
             self.builder.cut()
-            self._grow(self._payload + run.nbytes)
+            self._grow(self._payload + run.decoded_nbytes)
         self.builder.push(run)
-        self._payload += run.nbytes
+        self._payload += run.decoded_nbytes
         self._last = boundary_key(run.keys, len(run) - 1)
 
     def _grow(self, payload: int) -> None:

@@ -20,6 +20,7 @@ from arrangedb.spine.data import roles
 from arrangedb.spine.data.ingest import (Columns, is_file_input, known_rows, open_batches,
                                          read_ahead, to_updates)
 from arrangedb.spine.data.kernels import consolidate, key_starts, keys_in_order
+from arrangedb.spine.data.parquet import coded_columns
 from arrangedb.spine.data.updates import Updates
 from arrangedb.spine.storage.batch import Batch
 from arrangedb.spine.storage.context import StorageContext
@@ -127,9 +128,10 @@ class RunBuilder:
         Columns.resolve(schema, self.key_schema.names, self.val_names, time or False,
                         diff or False)   # fail early
         cols = Columns(self.key_schema.names, self.val_names or None, time, diff)
-        ahead = 0
+        ahead, coded = 0, frozenset()
         if is_file_input(data):   # decode only the columns it needs, while runs sort
-            schema, stream = open_batches(data, columns=cols.needed())
+            coded = frozenset(coded_columns(data, self.val_names))
+            schema, stream = open_batches(data, columns=cols.needed(), coded=sorted(coded))
             ahead = max(1, self.run_bytes() // READ_AHEAD_SHARE)
             self.ctx.reserve(ahead, "read-ahead")
             stream = read_ahead(stream, ahead)
@@ -213,7 +215,8 @@ class RunBuilder:
                 batches = itertools.chain([first] if first is not None else [], stream)
             for rb in pieces(batches, max(run_bytes, 1)):   # cut below, where runs end
                 run_bytes = min(run_bytes, self.run_bytes(size))   # as a plan read holds more
-                upd = to_updates(rb, cols, self.key_schema, self.val_schema, lower)
+                upd = to_updates(rb, cols, self.key_schema, self.val_schema, lower,
+                                 coded=coded)
                 if lower and cols.time and len(upd) and int(upd.times.min()) < lower:
                     raise ValueError(
                         f"the input's time column {cols.time!r} holds time "
@@ -349,6 +352,7 @@ class RunBuilder:
             store = self.ctx.resident
             if (resident and store is not None and len(run)
                     and (max_resident is None or len(run) <= max_resident)):
+                run = run.with_plain_vals()   # read as it is kept: codes decoded
                 starts = key_starts(run.keys)
                 if store.admits(run.nbytes + starts.nbytes):
                     return [store.make(run, starts, self.key_schema, self.val_schema,

@@ -21,35 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from arrangedb.spine.data import roles
+from arrangedb.spine.data.parquet import open_parquet
 from arrangedb.spine.data.updates import Updates, constant
-
-# Rows per batch read from Parquet: 256k rows decode ~30% faster than 64k (per-batch
-# costs), and ingest slices any batch too big for a run. A Table goes in as its own
-# chunks: a delta of one chunk is one slice, which a run's sort reads as it is instead
-# of concatenating pieces of it again.
-PARQUET_BATCH_ROWS = 1 << 18
-PARQUET_BATCH_BYTES = 16 << 20   # a Parquet batch's decoded size, at most about
-PARQUET_READ_BYTES = 1 << 20     # a column chunk is read this much at a time
-
-
-def _parquet_batch_rows(pf, names: list[str]) -> int:
-    """Rows per batch so that a batch of ``names`` decodes to about PARQUET_BATCH_BYTES
-    (the file's uncompressed column sizes tell a row's width), at most
-    PARQUET_BATCH_ROWS."""
-    meta = pf.metadata
-    wanted = set(names)
-    width, rows = 0, 0
-    for i in range(meta.num_row_groups):
-        rg = meta.row_group(i)
-        rows += rg.num_rows
-        for j in range(rg.num_columns):
-            col = rg.column(j)
-            if col.path_in_schema.split(".")[0] in wanted:
-                width += col.total_uncompressed_size
-    if not rows or not width:
-        return PARQUET_BATCH_ROWS
-    return int(max(1024, min(PARQUET_BATCH_ROWS, PARQUET_BATCH_BYTES * rows // width)))
-
 
 class SchemaError(ValueError):
     """Input that does not fit the arrangement: missing columns, wrong types, nulls."""
@@ -66,17 +39,18 @@ def _is_supported_val(t: pa.DataType) -> bool:
     return _is_supported_key(t) or pa.types.is_null(t)
 
 
-def open_batches(data, columns: list[str] | None = None, batch_rows: int | None = None
-                 ) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+def open_batches(data, columns: list[str] | None = None, batch_rows: int | None = None,
+                 coded: list[str] = ()) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
     """The schema and a stream of record batches of any supported input.
 
     ``columns`` narrows what a Parquet input decodes (other inputs are already decoded).
     ``batch_rows``: the batch size an operator's plan is asked for (``Plan.to_reader``).
-    Parquet is read one batch at a time without pre-buffering or read-ahead: pyarrow's
-    defaults keep every row group read so far (or many ahead) in Arrow memory, out of
-    the budget's sight.
+    ``coded``: columns of a Parquet file read as dictionary arrays (see
+    :mod:`arrangedb.spine.data.parquet`, which reads Parquet).
     """
     if isinstance(data, pa.Table):
+        # as its own chunks: a delta of one chunk is one slice, which a run's sort reads
+        # as it is instead of concatenating pieces of it again
         return data.schema, iter(data.to_batches())
     if isinstance(data, pa.RecordBatch):
         return data.schema, iter([data])
@@ -89,30 +63,7 @@ def open_batches(data, columns: list[str] | None = None, batch_rows: int | None 
         reader = pa.RecordBatchReader.from_stream(data)
         return reader.schema, iter(reader)
     if isinstance(data, (str, os.PathLike)):
-        path = os.fspath(data)
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"Parquet input {path!r} does not exist")
-        if os.path.isdir(path):
-            import pyarrow.dataset as ds
-
-            dataset = ds.dataset(path, format="parquet")
-            scan = ds.ParquetFragmentScanOptions(pre_buffer=False, use_buffered_stream=True,
-                                                 buffer_size=PARQUET_READ_BYTES)
-            schema = dataset.schema if columns is None else pa.schema(
-                [dataset.schema.field(c) for c in columns])
-            return schema, iter(dataset.to_batches(
-                columns=columns, batch_size=PARQUET_BATCH_ROWS, fragment_scan_options=scan,
-                batch_readahead=1, fragment_readahead=1))
-        import pyarrow.parquet as pq   # ~10 MiB of code that only file inputs need
-
-        # column chunks read a buffer at a time: a whole row group's chunks (hundreds of
-        # MiB in a file written with one) are otherwise held at once, out of the budget's
-        # sight; and batches of about PARQUET_BATCH_BYTES, however wide the rows
-        pf = pq.ParquetFile(path, pre_buffer=False, buffer_size=PARQUET_READ_BYTES)
-        schema = pf.schema_arrow if columns is None else pa.schema(
-            [pf.schema_arrow.field(c) for c in columns])
-        return schema, pf.iter_batches(batch_size=_parquet_batch_rows(pf, schema.names),
-                                       columns=columns)
+        return open_parquet(os.fspath(data), columns, coded)
     if isinstance(data, Iterable):
         it = iter(data)
         first = next(it, None)
@@ -308,6 +259,19 @@ def _plain(col: pa.Array | pa.ChunkedArray) -> pa.Array:
     return col
 
 
+def _coded(col, field: pa.Field) -> pa.DictionaryArray | None:
+    """``col`` as a dictionary array over ``field``'s type, when it is one without a
+    null in its dictionary; None otherwise."""
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    if not pa.types.is_dictionary(col.type) or col.dictionary.null_count:
+        return None
+    dictionary = cast_column(col.dictionary, field, "val column")
+    if dictionary is not col.dictionary:
+        col = pa.DictionaryArray.from_arrays(col.indices, dictionary)
+    return col
+
+
 def target_schemas(schema: pa.Schema, cols: Columns) -> tuple[pa.Schema, pa.Schema | None]:
     def field(c):
         f = schema.field(c)
@@ -355,8 +319,10 @@ def convertible(src: pa.DataType, dst: pa.DataType) -> bool:
 
 def to_updates(batch: pa.RecordBatch, cols: Columns, key_schema: pa.Schema,
                val_schema: pa.Schema | None, default_time: int = 0,
-               default_diff: int = 1) -> Updates:
-    """Check one input batch and turn it into updates (not yet sorted)."""
+               default_diff: int = 1, coded: frozenset = frozenset()) -> Updates:
+    """Check one input batch and turn it into updates (not yet sorted). Val columns in
+    ``coded`` that come as dictionary arrays stay so (``parquet.coded_columns``): their
+    codes go on to the ``dict`` codec; every other dictionary column is decoded."""
     n = batch.num_rows
     missing = [c for c in cols.key + (cols.vals or []) if c not in batch.schema.names]
     if missing:
@@ -372,8 +338,12 @@ def to_updates(batch: pa.RecordBatch, cols: Columns, key_schema: pa.Schema,
     if val_schema is not None:
         arrays = []
         for f in val_schema:
-            arrays.append(cast_column(_plain(batch.column(f.name)), f, "val column"))
-        vals = pa.Table.from_arrays(arrays, schema=val_schema)
+            col = batch.column(f.name)
+            kept = _coded(col, f) if f.name in coded else None
+            arrays.append(kept if kept is not None
+                          else cast_column(_plain(col), f, "val column"))
+        vals = pa.Table.from_arrays(arrays, schema=pa.schema(
+            [f.with_type(a.type) for f, a in zip(val_schema, arrays)]))
     times = _times(batch, cols.time, n, default_time)
     diffs = _diffs(batch, cols.diff, n, default_diff)
     return Updates(pa.Table.from_arrays(keys, schema=key_schema), vals, times, diffs)

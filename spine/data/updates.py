@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 
 def constant(value, n: int, dtype) -> np.ndarray:
@@ -85,6 +86,14 @@ def _plain_numbers(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t)
 
 
+def coded_value_bytes(chunk: pa.DictionaryArray) -> int:
+    """Bytes of the strings a dictionary array's rows stand for (its dictionary holds
+    strings or binaries): what the rows hold once decoded, less their offsets."""
+    lengths = pc.binary_length(chunk.dictionary).to_numpy(zero_copy_only=False)
+    used = np.bincount(pc.drop_null(chunk.indices).to_numpy(), minlength=len(lengths))
+    return int(used @ lengths)
+
+
 @dataclass(frozen=True)
 class Updates:
     keys: pa.Table
@@ -99,6 +108,16 @@ class Updates:
     def nbytes(self) -> int:
         n = self.keys.nbytes + _nbytes(self.times) + _nbytes(self.diffs)
         return n + (self.vals.nbytes if self.vals is not None else 0)
+
+    @property
+    def decoded_nbytes(self) -> int:
+        """``nbytes`` as the rows read back: a dictionary-coded val column (a Parquet
+        file's codes) counted as the values it stands for, which parts are sized by."""
+        n = self.nbytes
+        for col in self.vals.columns if self.vals is not None else ():
+            if pa.types.is_dictionary(col.type):   # the values, and an offset a row
+                n += sum(coded_value_bytes(c) + 4 * len(c) - c.nbytes for c in col.chunks)
+        return n
 
     def take(self, indices: np.ndarray) -> "Updates":
         idx = pa.array(indices) if not isinstance(indices, pa.Array) else indices
@@ -116,6 +135,17 @@ class Updates:
         vals = self.vals.slice(start, n) if self.vals is not None else None
         return Updates(self.keys.slice(start, n), vals, self.times[start:stop],
                        self.diffs[start:stop])
+
+    def with_plain_vals(self) -> "Updates":
+        """The same rows with dictionary-coded val columns (a Parquet file's codes, kept
+        for the ``dict`` codec) decoded into their values, as reads return them."""
+        if self.vals is None or not any(pa.types.is_dictionary(f.type)
+                                        for f in self.vals.schema):
+            return self
+        cols = [c.dictionary_decode() if pa.types.is_dictionary(c.type) else c
+                for c in (c.combine_chunks() for c in self.vals.columns)]
+        return Updates(self.keys, pa.Table.from_arrays(cols, names=self.vals.column_names),
+                       self.times, self.diffs)
 
     def contiguous(self) -> "Updates":
         """The same rows with each column in one chunk: kernels that read a column as

@@ -23,7 +23,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from arrangedb.codecs import Encoded, choose_codec, encode, segment_sums
+from arrangedb.codecs import Encoded, choose_codec, encode, encode_codes, segment_sums
+from arrangedb.codecs.choose import MAX_DICT, TINY
 from arrangedb.spine.data.layout import PartLayout, leaf_totals
 from arrangedb.spine.data.updates import all_equal
 from arrangedb.spine.storage.keyrank import rank_index
@@ -37,20 +38,11 @@ _NUMERIC_CODEC = {"key_bounds": "offsets", "val_bounds": "offsets"}
 
 def _encode_group(writer, prefix: str, values, codec: str,
                   choices: dict | None = None) -> tuple[dict, int, Encoded]:
-    if codec == "auto" and choices is not None:
-        # one choice per column and builder: parts of one batch look alike, and choosing
-        # (sampling, counting distinct values) costs as much as encoding a small part
-        column = prefix.split("/", 1)[1]
-        if column not in choices:
-            choices[column] = choose_codec(values)
-        codec = choices[column]
-        enc = encode(values, codec)
-        if enc.codec != codec:
-            # this part breaks the column's pattern (a NaN among decimals, a value out of
-            # a frame): choose again for it rather than store it plain
-            enc = encode(values, "auto")
-    else:
-        enc = encode(values, codec)
+    enc = _coded(values, codec)
+    if enc is None:
+        if isinstance(values, pa.DictionaryArray):
+            values = values.dictionary_decode()
+        enc = _encoded(prefix, values, codec, choices)
     names, stored = [], 0
     buffers = list(enc.buffers) or [b""]
     for i, buf in enumerate(buffers):
@@ -64,6 +56,34 @@ def _encode_group(writer, prefix: str, values, codec: str,
     group = {"regions": names, "codec": enc.codec, "version": enc.version, "meta": enc.meta,
              "nbuffers": len(enc.buffers)}
     return group, stored, enc
+
+
+def _encoded(prefix: str, values, codec: str, choices: dict | None) -> Encoded:
+    if codec != "auto" or choices is None:
+        return encode(values, codec)
+    # one choice per column and builder: parts of one batch look alike, and choosing
+    # (sampling, counting distinct values) costs as much as encoding a small part
+    column = prefix.split("/", 1)[1]
+    if column not in choices:
+        choices[column] = choose_codec(values)
+    enc = encode(values, choices[column])
+    if enc.codec != choices[column]:
+        # this part breaks the column's pattern (a NaN among decimals, a value out of a
+        # frame): choose again for it rather than store it plain
+        enc = encode(values, "auto")
+    return enc
+
+
+def _coded(values, codec: str) -> Encoded | None:
+    """A dictionary column (a Parquet string column read as codes) stored from its own
+    codes where ``auto`` would store its values so: a dictionary of at most an eighth
+    of the rows (and of ``MAX_DICT`` values), as ``choose_codec`` asks."""
+    if not isinstance(values, pa.DictionaryArray) or codec not in ("auto", "dict"):
+        return None
+    k = len(values.dictionary)
+    if codec == "auto" and (len(values) < TINY or k > min(MAX_DICT, len(values) // 8)):
+        return None
+    return encode_codes(values)
 
 
 class _KeySums:

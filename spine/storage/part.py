@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from arrangedb.spine.data.layout import PartLayout, expand_singleton, from_layout, leaf_totals
-from arrangedb.spine.data.updates import Updates
+from arrangedb.spine.data.updates import Updates, coded_value_bytes
 from arrangedb.spine.storage.dictionaries import with_dictionaries
 
 FIELDS = ("keys", "key_bounds", "vals", "val_bounds", "times", "diffs")
@@ -45,6 +45,10 @@ def payload_bytes(table: pa.Table | None, rows: np.ndarray | None = None) -> int
             if rows is not None:
                 col = col.take(pa.array(rows))
             total += int(sum(_value_bytes(c) for c in col.chunks))
+        elif pa.types.is_dictionary(t):   # a Parquet file's string codes: their strings
+            if rows is not None:
+                col = col.take(pa.array(rows))
+            total += sum(coded_value_bytes(c) for c in col.chunks)
         elif pa.types.is_boolean(t):
             total += (n + 7) // 8
         elif pa.types.is_null(t):
