@@ -130,3 +130,29 @@ def test_a_large_string_column_keeps_its_type(tmp_path):
         t = e.arrange(str(path), key=["k"], vals=["s"])
         assert t.snapshot().read_all().schema.field("s").type == pa.large_string()
         assert _snapshot_rows(t, ["k", "s"]) == _rows(table, ["k", "s"])
+
+
+def test_parts_kept_in_memory_hold_the_strings(tmp_path):
+    """Without a spill directory a build keeps its parts in memory, read as they are:
+    they hold the strings the codes stand for."""
+    from arrangedb.spine.build.runs import RunBuilder
+    from arrangedb.spine.data.ingest import Columns
+    from arrangedb.spine.data.layout import from_layout
+    from arrangedb.spine.storage.context import StorageContext
+
+    n = 3000
+    table = pa.table({"k": np.arange(n) % 50, "s": pa.array(["x", "y", None] * (n // 3))})
+    path = tmp_path / "t.parquet"
+    pq.write_table(table, path)
+    assert coded_columns(str(path), ["s"]) == ["s"]
+    builder = RunBuilder(StorageContext(), pa.schema([("k", pa.int64())]),
+                         pa.schema([("s", pa.string())]), Columns(["k"], ["s"], None, None))
+    got: Counter = Counter()
+    for batch in builder.build(str(path), None, None):
+        for part in batch.parts:
+            upd = from_layout(part.data)
+            assert upd.vals.schema.field("s").type == pa.string()
+            for k, s, d in zip(upd.keys["k"].to_pylist(), upd.vals["s"].to_pylist(),
+                               upd.diffs.tolist()):
+                got[(k, s)] += d
+    assert got == _rows(table, ["k", "s"])
