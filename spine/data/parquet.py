@@ -100,5 +100,9 @@ def coded_columns(data, names: list[str]) -> list[str]:
 
 
 def _is_text(t: pa.DataType) -> bool:
+    """Strings or binaries, or a dictionary of them (a column written from one, as a
+    pandas categorical is: pyarrow reads it as codes whatever is asked)."""
+    if pa.types.is_dictionary(t):
+        t = t.value_type
     return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
             or pa.types.is_large_binary(t))

@@ -156,3 +156,19 @@ def test_parts_kept_in_memory_hold_the_strings(tmp_path):
                                upd.diffs.tolist()):
                 got[(k, s)] += d
     assert got == _rows(table, ["k", "s"])
+
+
+def test_a_column_written_as_a_dictionary_is_stored_from_its_codes(tmp_path):
+    """A column written from a dictionary array (a pandas categorical) comes back as
+    codes whatever is asked; it is taken as such, and read back as strings."""
+    n = 3000
+    table = pa.table({"k": np.arange(n) % 40,
+                      "s": pa.array(["x", "y", None] * (n // 3)).dictionary_encode()})
+    path = tmp_path / "t.parquet"
+    pq.write_table(table, path)
+    assert coded_columns(str(path), ["s"]) == ["s"]
+    with Engine(spill_dir=tmp_path / "spill", memory_budget="64MiB") as e:
+        t = e.arrange(str(path), key=["k"], vals=["s"])
+        assert t.snapshot().read_all().schema.field("s").type == pa.string()
+        plain = table.set_column(1, "s", table["s"].cast(pa.string()))
+        assert _snapshot_rows(t, ["k", "s"]) == _rows(plain, ["k", "s"])
