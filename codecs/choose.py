@@ -95,9 +95,15 @@ def _few_distinct(sample_distinct: int, sample_size: int) -> bool:
     return sample_distinct <= max(sample_size // 8, 1)
 
 
+def dict_fits(cardinality: int, n: int) -> bool:
+    """Whether ``n`` values of ``cardinality`` distinct ones are few enough for ``dict``:
+    at most an eighth of the values, and at most ``MAX_DICT``."""
+    return cardinality <= n // 8 and cardinality <= MAX_DICT
+
+
 def _dict_size(n: int, cardinality: int, itemsize: int) -> int | None:
     """Estimated dict bytes, or None when the column is not low-cardinality."""
-    if cardinality > n // 8 or cardinality > MAX_DICT:
+    if not dict_fits(cardinality, n):
         return None
     return -(-n * code_bits(cardinality) // 8) + cardinality * itemsize
 
@@ -137,7 +143,7 @@ def _choose_binary(arr: pa.Array) -> str:
         exact = pc.count_distinct(arr).as_py()
         if exact <= 1:
             return "const"
-        if exact <= n // 8 and exact <= MAX_DICT:
+        if dict_fits(exact, n):
             return "dict"
     return "zstd" if compresses(arr) else "plain"
 

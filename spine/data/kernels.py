@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from arrangedb.codecs.base import binary_offset_dtype
 from arrangedb.spine.data.codes import (absolute_codes, codes, count_le, differs_from_previous,
                                         is_absolute, sorted_row_starts)
 from arrangedb.spine.data.order import (is_identity, never_falls, run_lengths, sort_rows,
@@ -222,9 +223,7 @@ def adjacent_sums(kc: np.ndarray, vals: pa.Table | None, diffs: np.ndarray
 
 
 def _compares_adjacent(t: pa.DataType) -> bool:
-    return (is_absolute([t]) or pa.types.is_null(t) or pa.types.is_string(t)
-            or pa.types.is_large_string(t) or pa.types.is_binary(t)
-            or pa.types.is_large_binary(t))
+    return is_absolute([t]) or pa.types.is_null(t) or binary_offset_dtype(t) is not None
 
 
 def filter_times(upd: Updates, since: int, upto: int | None) -> Updates:

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
+from arrangedb.codecs.base import binary_offset_dtype
+
 # Rows per batch read from Parquet: 256k rows decode ~30% faster than 64k (per-batch
 # costs), and ingest slices any batch too big for a run.
 PARQUET_BATCH_ROWS = 1 << 18
@@ -104,5 +106,4 @@ def _is_text(t: pa.DataType) -> bool:
     pandas categorical is: pyarrow reads it as codes whatever is asked)."""
     if pa.types.is_dictionary(t):
         t = t.value_type
-    return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
-            or pa.types.is_large_binary(t))
+    return binary_offset_dtype(t) is not None

@@ -10,11 +10,11 @@ import pyarrow as pa
 
 from arrangedb.spine.data import roles
 from arrangedb.spine.data.ingest import SchemaError, cast_column
-from arrangedb.spine.data.kernels import accumulate, adjacent_sums
+from arrangedb.spine.data.kernels import accumulate, adjacent_sums, filter_times
 from arrangedb.spine.data.layout import both_ends, leaf_updates, ranges, run_index, select_vals
 from arrangedb.spine.data.codes import absolute_codes, codes, is_absolute
 from arrangedb.spine.data.order import is_identity, row_starts, run_lengths, sort_order
-from arrangedb.spine.data.updates import Updates, concat_column, constant, is_constant
+from arrangedb.spine.data.updates import Updates, concat_column, is_constant
 from arrangedb.spine.read.reader import part_edges
 from arrangedb.spine.storage.batch import Batch
 from arrangedb.spine.storage.dictionaries import dictionary_schema
@@ -115,21 +115,19 @@ def _accumulated(u: np.ndarray, vals: pa.Table | None, t: np.ndarray, diffs: np.
     last refresh's changes, three rows for each of 244k changed keys, consolidated in
     9-12 ms instead of the sort's 27-32 -- and several batches' are merged by a sort of
     what is left."""
-    if at is not None and len(t) and int(t.max()) > at:
-        keep = np.flatnonzero(t <= np.uint64(at))
-        u, diffs = u[keep], diffs[keep]
-        vals = vals.take(pa.array(keep)) if vals is not None else None
-    summed = adjacent_sums(u, vals, diffs)
+    # the distinct query index acts as the key
+    upd = Updates(pa.table({"__u": u}), vals, t, diffs)
+    if at is not None:
+        upd = filter_times(upd, 0, at + 1)
+    summed = adjacent_sums(upd.keys.column(0).to_numpy(), upd.vals, upd.diffs)
     if summed is not None:
-        pos, diffs = summed
+        pos, sums = summed
         if pos is not None:
-            u = u[pos]
-            vals = vals.take(pa.array(pos)) if vals is not None else None
+            upd = upd.take(pos)
+        upd = Updates(upd.keys, upd.vals, upd.times, sums)
         if sources == 1:
-            return u, vals, diffs
-    # accumulate per (distinct query, val): the distinct query index acts as the key
-    k_u, vals, counts = accumulate(Updates(pa.table({"__u": u}), vals,
-                                           constant(0, len(u), np.uint64), diffs), None)
+            return upd.keys.column(0).to_numpy(), upd.vals, upd.diffs
+    k_u, vals, counts = accumulate(upd, None)
     return k_u.column(0).to_numpy(), vals, counts
 
 

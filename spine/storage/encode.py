@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from arrangedb.codecs import Encoded, choose_codec, encode, encode_codes, segment_sums
-from arrangedb.codecs.choose import MAX_DICT, TINY
+from arrangedb.codecs.choose import TINY, dict_fits
 from arrangedb.spine.data.layout import PartLayout, leaf_totals
 from arrangedb.spine.data.updates import all_equal
 from arrangedb.spine.storage.keyrank import rank_index
@@ -76,12 +76,11 @@ def _encoded(prefix: str, values, codec: str, choices: dict | None) -> Encoded:
 
 def _coded(values, codec: str) -> Encoded | None:
     """A dictionary column (a Parquet string column read as codes) stored from its own
-    codes where ``auto`` would store its values so: a dictionary of at most an eighth
-    of the rows (and of ``MAX_DICT`` values), as ``choose_codec`` asks."""
+    codes where ``auto`` would store its values so (``choose.dict_fits``)."""
     if not isinstance(values, pa.DictionaryArray) or codec not in ("auto", "dict"):
         return None
-    k = len(values.dictionary)
-    if codec == "auto" and (len(values) < TINY or k > min(MAX_DICT, len(values) // 8)):
+    if codec == "auto" and (len(values) < TINY
+                            or not dict_fits(len(values.dictionary), len(values))):
         return None
     return encode_codes(values)
 
