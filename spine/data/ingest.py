@@ -20,13 +20,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from arrangedb.codecs.base import binary_offset_dtype
 from arrangedb.spine.data import roles
-from arrangedb.spine.data.parquet import open_parquet
+from arrangedb.spine.data.errors import SchemaError
+from arrangedb.spine.data.parquet import open_parquet, parquet_rows
 from arrangedb.spine.data.updates import Updates, constant
-
-class SchemaError(ValueError):
-    """Input that does not fit the arrangement: missing columns, wrong types, nulls."""
-
 
 def _is_supported_key(t: pa.DataType) -> bool:
     return (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
@@ -92,14 +90,12 @@ def open_batches(data, columns: list[str] | None = None, batch_rows: int | None 
 
 def known_rows(data) -> int | None:
     """How many rows ``data`` holds, when that is known before reading it: a table, a
-    batch, a Parquet file (its footer); None for streams and directories."""
+    batch, a Parquet file or directory (the footers); None for streams."""
     if isinstance(data, (pa.Table, pa.RecordBatch)):
         return data.num_rows
-    if is_file_input(data) and os.path.isfile(data):
-        import pyarrow.parquet as pq
-
+    if is_file_input(data) and os.path.exists(data):
         try:
-            return pq.read_metadata(data).num_rows
+            return parquet_rows(os.fspath(data))
         except (OSError, pa.ArrowException):
             return None   # opening it says what is wrong
     return None

@@ -3,18 +3,21 @@
 Batches are read one at a time, without pyarrow's pre-buffering or read-ahead (which
 keep every row group read so far, or many ahead, in Arrow memory out of the budget's
 sight), a column chunk a buffer at a time, and sized by the decoded bytes of the columns
-read. String columns that a file stores as dictionary codes can be read as codes
-(:func:`coded_columns`), for the ``dict`` codec to store as they are.
+read. String columns that the files store as dictionary codes can be read as codes
+(:func:`coded_columns`), for the ``dict`` codec to store as they are. A directory's
+Parquet files are read one after another (:func:`parquet_files`).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterator
 
 import pyarrow as pa
 
 from arrangedb.codecs.base import binary_offset_dtype
+from arrangedb.spine.data.errors import SchemaError
 
 # Rows per batch read from Parquet: 256k rows decode ~30% faster than 64k (per-batch
 # costs), and ingest slices any batch too big for a run.
@@ -29,27 +32,39 @@ CODED_BYTES_PER_ROW = 4
 def open_parquet(path: str, columns: list[str] | None = None, coded=()
                  ) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
     """The schema of ``path`` (a file, or a directory of them) and a stream of its
-    batches; ``columns``: only those decoded; ``coded``: columns of a file read as
-    dictionary arrays (:func:`coded_columns`)."""
+    batches; ``columns``: only those decoded; ``coded``: columns read as dictionary
+    arrays (:func:`coded_columns`).
+
+    A directory's files are read one after another, each as a file is (pyarrow's
+    dataset scanner, its threads beside the engine's, arranged 7.5M rows in 0.55 s
+    where the file took 0.37): its schema is its first file's, and a later file lacking
+    a column read raises :class:`SchemaError` naming it."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"Parquet input {path!r} does not exist")
-    if os.path.isdir(path):
-        import pyarrow.dataset as ds
+    if not os.path.isdir(path):
+        return _open_file(path, columns, coded)
+    files = parquet_files(path)
+    if not files:
+        raise FileNotFoundError(f"Parquet input {path!r} is a directory without Parquet "
+                                "files")
+    schema, first = _open_file(files[0], columns, coded)
+    names = columns if columns is not None else schema.names
+    rest = (b for f in files[1:] for b in _open_file(f, names, coded, path)[1])
+    return schema, itertools.chain(first, rest)
 
-        dataset = ds.dataset(path, format="parquet")
-        scan = ds.ParquetFragmentScanOptions(pre_buffer=False, use_buffered_stream=True,
-                                             buffer_size=PARQUET_READ_BYTES)
-        schema = dataset.schema if columns is None else pa.schema(
-            [dataset.schema.field(c) for c in columns])
-        return schema, iter(dataset.to_batches(
-            columns=columns, batch_size=PARQUET_BATCH_ROWS, fragment_scan_options=scan,
-            batch_readahead=1, fragment_readahead=1))
+
+def _open_file(path: str, columns: list[str] | None, coded, directory: str | None = None
+               ) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
     import pyarrow.parquet as pq   # ~10 MiB of code that only file inputs need
 
     pf = pq.ParquetFile(path, pre_buffer=False, buffer_size=PARQUET_READ_BYTES,
                         read_dictionary=list(coded) or None)
-    schema = pf.schema_arrow if columns is None else pa.schema(
-        [pf.schema_arrow.field(c) for c in columns])
+    have = pf.schema_arrow
+    missing = [c for c in columns or () if have.get_field_index(c) < 0]
+    if missing:
+        raise SchemaError(f"Parquet file {path!r} of {directory!r} lacks column(s) "
+                          f"{missing} that its first file holds")
+    schema = have if columns is None else pa.schema([have.field(c) for c in columns])
     return schema, pf.iter_batches(batch_size=_batch_rows(pf, schema.names),
                                    columns=columns)
 
@@ -73,32 +88,59 @@ def _batch_rows(pf, names: list[str]) -> int:
     return int(max(1024, min(PARQUET_BATCH_ROWS, PARQUET_BATCH_BYTES * rows // width)))
 
 
-def coded_columns(data, names: list[str]) -> list[str]:
-    """The string and binary columns among ``names`` that the Parquet file ``data``
-    stores as dictionary codes in every row group: read as dictionary arrays, they reach
-    the ``dict`` codec as codes, neither decoded into strings nor hashed again (7.5M
-    order priorities decoded in 52 ms instead of 108, stored without 92 ms of hashing).
-    A column that fell back to plain pages (many distinct values) is left to decode:
-    reading it as a dictionary would hash every value. None for other inputs."""
-    if not isinstance(data, (str, os.PathLike)) or not os.path.isfile(data) or not names:
-        return []
+def parquet_files(directory: str) -> list[str]:
+    """The files under ``directory`` as pyarrow's datasets list them: every file of
+    its tree, in order, but those whose names start with ``.`` or ``_`` (a writer's
+    ``_SUCCESS`` and checksums)."""
+    import pyarrow.dataset as ds
+
+    return ds.dataset(directory, format="parquet").files
+
+
+def footers(path: str) -> list:
+    """The footer (``FileMetaData``) of each Parquet file of ``path``."""
     import pyarrow.parquet as pq
 
+    files = parquet_files(path) if os.path.isdir(path) else [path]
+    return [pq.read_metadata(f) for f in files]
+
+
+def parquet_rows(path: str) -> int:
+    """The rows of a Parquet file or directory, from the footers."""
+    return sum(m.num_rows for m in footers(path))
+
+
+def coded_columns(data, names: list[str]) -> list[str]:
+    """The string and binary columns among ``names`` that the Parquet file or directory
+    ``data`` stores as dictionary codes in every row group of every file: read as
+    dictionary arrays, they reach the ``dict`` codec as codes, neither decoded into
+    strings nor hashed again (7.5M order priorities decoded in 52 ms instead of 108,
+    stored without 92 ms of hashing). A column that fell back to plain pages (many
+    distinct values) is left to decode: reading it as a dictionary would hash every
+    value. None for other inputs."""
+    if not isinstance(data, (str, os.PathLike)) or not os.path.exists(data) or not names:
+        return []
     try:
-        pf = pq.ParquetFile(data)
+        metas = footers(os.fspath(data))
     except (OSError, pa.ArrowException):
         return []   # opening it for its batches says what is wrong
-    wanted = [f.name for f in pf.schema_arrow if f.name in names and _is_text(f.type)]
-    meta = pf.metadata
-    coded = []
-    for name in wanted:
-        chunks = [meta.row_group(i).column(j) for i in range(meta.num_row_groups)
-                  for j in range(meta.num_columns)
-                  if meta.row_group(i).column(j).path_in_schema == name]
-        if chunks and all(c.has_dictionary_page and c.total_uncompressed_size
-                          <= CODED_BYTES_PER_ROW * max(c.num_values, 1) for c in chunks):
-            coded.append(name)
-    return coded
+    if not metas:
+        return []
+    schema = metas[0].schema.to_arrow_schema()
+    wanted = [f.name for f in schema if f.name in names and _is_text(f.type)]
+    return [name for name in wanted if all(_stored_coded(m, name) for m in metas)]
+
+
+def _stored_coded(meta, name: str) -> bool:
+    """Whether a file (its footer ``meta``) holds column ``name`` and stores it as
+    dictionary codes in every row group."""
+    chunks = [meta.row_group(i).column(j) for i in range(meta.num_row_groups)
+              for j in range(meta.num_columns)
+              if meta.row_group(i).column(j).path_in_schema == name]
+    return name in meta.schema.names and all(
+        c.has_dictionary_page
+        and c.total_uncompressed_size <= CODED_BYTES_PER_ROW * max(c.num_values, 1)
+        for c in chunks)
 
 
 def _is_text(t: pa.DataType) -> bool:
