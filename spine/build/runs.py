@@ -17,8 +17,8 @@ from arrangedb.spine.build.builder import Builder
 from arrangedb.spine.build.chain import Chain, split_last_key
 from arrangedb.spine.build.merger import Merger
 from arrangedb.spine.data import roles
-from arrangedb.spine.data.ingest import (Columns, is_file_input, known_rows, open_batches,
-                                         read_ahead, to_updates)
+from arrangedb.spine.data.ingest import (Columns, coded_table_columns, is_file_input,
+                                         known_rows, open_batches, read_ahead, to_updates)
 from arrangedb.spine.data.kernels import consolidate, key_starts, keys_in_order
 from arrangedb.spine.data.parquet import coded_columns
 from arrangedb.spine.data.updates import Updates
@@ -135,6 +135,8 @@ class RunBuilder:
             ahead = max(1, self.run_bytes() // READ_AHEAD_SHARE)
             self.ctx.reserve(ahead, "read-ahead")
             stream = read_ahead(stream, ahead)
+        else:   # a table's dictionary columns, as a file's coded ones
+            coded = frozenset(coded_table_columns(data, self.val_names))
         run_bytes = self.run_bytes()   # beside what reading ahead holds
         cap = None   # what a run's sort may hold, spread by the input's known size
         total_rows = known_rows(data)

@@ -1,5 +1,6 @@
-"""Parquet string columns stored as dictionary codes: read as codes, stored from them by
-the ``dict`` codec, read back as the strings they are."""
+"""String columns that come as dictionary codes -- a Parquet file's dictionary pages, a
+table's dictionary arrays -- stored from their codes by the ``dict`` codec, read back as
+the strings they are."""
 
 from __future__ import annotations
 
@@ -172,3 +173,87 @@ def test_a_column_written_as_a_dictionary_is_stored_from_its_codes(tmp_path):
         assert t.snapshot().read_all().schema.field("s").type == pa.string()
         plain = table.set_column(1, "s", table["s"].cast(pa.string()))
         assert _snapshot_rows(t, ["k", "s"]) == _rows(plain, ["k", "s"])
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.lists(WORDS.filter(lambda w: w is not None), min_size=1,
+                                   max_size=6),
+                          st.lists(st.tuples(st.integers(0, 200), st.integers(0, 7)),
+                                   min_size=1, max_size=200)),
+                min_size=1, max_size=4))
+def test_dictionary_arrays_of_a_table_are_stored_from_their_codes(tmp_path_factory, chunks):
+    """Chunks with dictionaries of their own, values repeated in a dictionary, unused
+    values and null codes: arranged from the codes (no decode, no hashing), the trace
+    holds the table's rows as strings, and a join grouped by the column counts them as
+    the strings' own arrangement does."""
+    import arrangedb.spine.storage.encode as encode
+    from arrangedb import group_by, join
+
+    batches = []
+    for words, rows in chunks:
+        codes = pa.array([c if c < len(words) else None for _, c in rows], pa.int32())
+        batches.append(pa.record_batch(
+            [pa.array([k for k, _ in rows], pa.int64()),
+             pa.DictionaryArray.from_arrays(codes, pa.array(words))], names=["k", "s"]))
+    table = pa.Table.from_batches(batches)
+    plain = table.set_column(1, "s", table["s"].cast(pa.string()))
+    with Engine(spill_dir=tmp_path_factory.mktemp("spill"), memory_budget="64MiB") as e:
+        t = e.arrange(table, key=["k"], vals=["s"])
+        assert t.snapshot().read_all().schema.field("s").type == pa.string()
+        assert _snapshot_rows(t, ["k", "s"]) == _rows(plain, ["k", "s"])
+        dim = e.arrange(pa.table({"k": np.arange(201), "w": np.arange(201)}), key=["k"],
+                        vals=["w"])
+        strings = e.arrange(plain, key=["k"], vals=["s"])
+
+        def counts(trace):
+            got = group_by(join(dim, trace), by="s", aggs={"n": ("count", None)}).read_all()
+            return Counter(dict(zip(got["s"].to_pylist(), got["n"].to_pylist())))
+
+        assert counts(t) == counts(strings) == Counter(plain["s"].to_pylist())
+
+
+def test_a_categorical_column_of_a_table_is_encoded_from_its_codes(monkeypatch, tmp_path):
+    """Neither decoded into strings nor hashed again: its codes reach the codec. A value
+    its dictionary holds twice is one value (one row per key, one group)."""
+    import arrangedb.spine.storage.encode as encode
+    from arrangedb import group_by, join
+
+    n = 20_000
+    rng = np.random.default_rng(3)
+    codes = pa.array(np.where(rng.random(n) < 0.1, None, rng.integers(0, 5, n)), pa.int32())
+    seg = pa.DictionaryArray.from_arrays(codes, pa.array(["A", "B", "A", "C", "D"]))
+    table = pa.Table.from_batches(pa.table({"k": rng.integers(0, 3_000, n), "seg": seg})
+                                  .to_batches(max_chunksize=4_000))
+    plain = table.set_column(1, "seg", table["seg"].cast(pa.string()))
+    calls = []
+    real = encode.encode_codes
+    monkeypatch.setattr(encode, "encode_codes", lambda v: calls.append(len(v)) or real(v))
+    with Engine(spill_dir=tmp_path / "spill", memory_budget="64MiB") as e:
+        t = e.arrange(table, key=["k"], vals=["seg"])
+        assert sum(calls) == t.stats()["updates"]   # every stored row from its code
+        assert _snapshot_rows(t, ["k", "seg"]) == _rows(plain, ["k", "seg"])
+        dim = e.arrange(pa.table({"k": np.arange(3_000)}), key=["k"])
+        got = group_by(join(dim, t), by="seg", aggs={"n": ("count", None)}).read_all()
+        assert dict(zip(got["seg"].to_pylist(), got["n"].to_pylist())) == Counter(
+            plain["seg"].to_pylist())
+
+
+def test_a_table_of_many_categories_is_stored_from_its_strings(monkeypatch, tmp_path):
+    """A dictionary with more values than an eighth of its chunk's rows is decoded: each
+    chunk would carry a copy of it through the sort and into its parts."""
+    import arrangedb.spine.storage.encode as encode
+    from arrangedb.spine.data.ingest import coded_table_columns
+
+    n = 4_000
+    seg = pa.DictionaryArray.from_arrays(pa.array(np.arange(n) % 1_000, pa.int32()),
+                                         pa.array([f"c{i}" for i in range(1_000)]))
+    table = pa.table({"k": np.arange(n) % 97, "seg": seg})
+    assert coded_table_columns(table, ["seg"]) == []
+    calls = []
+    real = encode.encode_codes
+    monkeypatch.setattr(encode, "encode_codes", lambda v: calls.append(len(v)) or real(v))
+    with Engine(spill_dir=tmp_path / "spill", memory_budget="64MiB") as e:
+        t = e.arrange(table, key=["k"], vals=["seg"])
+        assert not calls
+        plain = table.set_column(1, "seg", table["seg"].cast(pa.string()))
+        assert _snapshot_rows(t, ["k", "seg"]) == _rows(plain, ["k", "seg"])
