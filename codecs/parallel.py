@@ -11,11 +11,13 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 _threads = min(2, int(os.environ.get("ARRANGEDB_THREADS", 0) or os.cpu_count() or 1))
 _worker: ThreadPoolExecutor | None = None
 _worker_pid = -1
 _guard = threading.Lock()
+_local = threading.local()   # .alone: this thread's kernels stay on it
 
 
 def set_threads(n: int) -> None:
@@ -25,7 +27,20 @@ def set_threads(n: int) -> None:
 
 
 def threads() -> int:
-    return _threads
+    """Threads the calling thread's kernels may use now."""
+    return 1 if getattr(_local, "alone", False) else _threads
+
+
+@contextmanager
+def alone(on: bool = True):
+    """Meanwhile (``on``), the calling thread's kernels run on it alone: another of the
+    engine's threads holds the second core (a Parquet input's reader, decoding)."""
+    before = getattr(_local, "alone", False)
+    _local.alone = before or on
+    try:
+        yield
+    finally:
+        _local.alone = before
 
 
 def _helper() -> ThreadPoolExecutor:
@@ -39,7 +54,7 @@ def _helper() -> ThreadPoolExecutor:
 
 def both(first, second):
     """``(first(), second())``, the first on the helper thread when two are allowed."""
-    if _threads < 2 or threading.current_thread().name.startswith("arrangedb-kernel"):
+    if threads() < 2 or threading.current_thread().name.startswith("arrangedb-kernel"):
         return first(), second()   # (nested on the helper itself: waiting would deadlock)
     pending = _helper().submit(first)
     try:

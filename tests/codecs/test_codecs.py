@@ -1172,3 +1172,33 @@ def test_skewed_dict_codes_are_entropy_coded():
     stored[0][:] ^= 0x55      # corrupt compressed codes are a CodecError
     with pytest.raises(CodecError):
         decode("dict", 2, stored_meta, stored)
+
+
+def test_kernels_of_a_thread_left_alone_stay_on_it():
+    """Inside ``alone()`` (a Parquet reader holding the second core) the calling
+    thread's halves of work run on it; other threads, and the thread afterwards, may
+    still use the helper."""
+    import threading
+
+    from arrangedb.codecs import parallel
+
+    before = parallel.threads()
+    parallel.set_threads(2)
+    name = lambda: threading.current_thread().name   # noqa: E731
+    try:
+        with parallel.alone():
+            assert parallel.threads() == 1
+            with parallel.alone(False):   # nested: still alone
+                assert parallel.threads() == 1
+            assert parallel.both(name, name) == (name(), name())
+            seen = []
+            other = threading.Thread(target=lambda: seen.append(parallel.threads()))
+            other.start()
+            other.join()
+            assert seen == [2]
+        with parallel.alone(False):
+            assert parallel.threads() == 2
+        first, second = parallel.both(name, name)
+        assert first.startswith("arrangedb-kernel") and second == name()
+    finally:
+        parallel.set_threads(before)
