@@ -110,8 +110,9 @@ def consolidate(upd: Updates, since: int | None = None, presorted_runs: bool | i
             pos, sums = starts, run_lengths(starts, n)   # each row's count, weighed
             if diffs[0] != 1:
                 sums *= diffs[0]
-    else:
-        pos, sums = _nonzero_sums(diffs[order], starts)
+    else:   # (rows in order already: their diffs need no gather)
+        in_order = _indices(order, n) is None
+        pos, sums = _nonzero_sums(diffs if in_order else diffs[order], starts)
     rows = order if pos is None else order[pos]
     taken = _indices(rows, n)
     if taken is None:

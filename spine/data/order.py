@@ -14,14 +14,22 @@ PARALLEL_SORT_FROM = 1 << 17   # rows; below, handing half to a thread saves too
 
 
 def row_starts(*code_arrays: np.ndarray) -> np.ndarray:
-    """Indices where a new distinct row begins in sorted code arrays (always includes 0)."""
+    """Indices where a new distinct row begins in sorted code arrays (always includes 0).
+
+    Every column compared whole and or-ed in: a comparison masked to the rows still
+    tied (``where=``) runs numpy's masked loop, ~9x slower (487k rows of three columns,
+    every key twice: 4.1 ms against 0.47)."""
     n = len(code_arrays[0])
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    change = np.zeros(n, dtype=bool)
+    change = np.empty(n, dtype=bool)
     change[0] = True
-    for c in code_arrays:
-        np.not_equal(c[1:], c[:-1], out=change[1:], where=~change[1:])
+    first = code_arrays[0]
+    np.not_equal(first[1:], first[:-1], out=change[1:])
+    for c in code_arrays[1:]:
+        change[1:] |= c[1:] != c[:-1]
+    if change.all():   # distinct rows (a consolidated run): positions without a search
+        return np.arange(n, dtype=np.int64)
     return np.flatnonzero(change)
 
 
@@ -110,7 +118,10 @@ def sorted_rows(kc: np.ndarray, vc, times: np.ndarray | None, presorted_runs: bo
 
 def _in_order(columns: list[np.ndarray]) -> bool:
     """Whether the rows are sorted already (most significant column first). Unsorted
-    input is told by its first column almost always, in one pass."""
+    input is told by its first column almost always, in one pass. Each later column is
+    compared whole where rows are still tied: gathering the tied rows costs more once
+    they are many (every key twice: 2.7 ms against 0.5 for 487k rows of three
+    columns), and no less when they are few."""
     first = columns[0]
     if (first[1:] < first[:-1]).any():
         return False
@@ -118,10 +129,10 @@ def _in_order(columns: list[np.ndarray]) -> bool:
     for c in columns[1:]:
         if not tied.any():
             return True
-        at = np.flatnonzero(tied)
-        if (c[at + 1] < c[at]).any():
+        later, earlier = c[1:], c[:-1]
+        if (tied & (later < earlier)).any():
             return False
-        tied[at] = c[at + 1] == c[at]
+        tied &= later == earlier
     return True
 
 
