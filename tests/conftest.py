@@ -155,3 +155,22 @@ def spark(tmp_path_factory):
     warehouse = str(tmp_path_factory.mktemp("spark-warehouse"))
     return local_session("local[2]", memory_budget="64MiB",
                          extra={"spark.sql.warehouse.dir": warehouse})
+
+
+def table_rows(table, names: list[str]):
+    """The rows of ``names`` in a table, as a multiset."""
+    from collections import Counter
+
+    return Counter(zip(*(table.column(n).to_pylist() for n in names)))
+
+
+def snapshot_rows(trace, names: list[str]):
+    """The rows of ``names`` a trace's snapshot holds, each as many times as it counts."""
+    from collections import Counter
+
+    snap = trace.snapshot().read_all()
+    out: Counter = Counter()
+    for row, count in zip(zip(*(snap.column(n).to_pylist() for n in names)),
+                          snap.column("count").to_pylist()):
+        out[row] += count
+    return out

@@ -14,22 +14,9 @@ from hypothesis import HealthCheck, given, settings
 
 from arrangedb import Engine
 from arrangedb.spine.data.parquet import coded_columns
+from conftest import snapshot_rows, table_rows
 
 WORDS = st.sampled_from(["", "a", "bb", "AUTOMOBILE", "é", None])
-
-
-def _rows(table: pa.Table, names: list[str]) -> Counter:
-    cols = [table.column(n).to_pylist() for n in names]
-    return Counter(zip(*cols))
-
-
-def _snapshot_rows(trace, names: list[str]) -> Counter:
-    snap = trace.snapshot().read_all()
-    out: Counter = Counter()
-    for row, count in zip(zip(*(snap.column(n).to_pylist() for n in names)),
-                          snap.column("count").to_pylist()):
-        out[row] += count
-    return out
 
 
 def _val_codecs(trace, column: str) -> set:
@@ -56,7 +43,7 @@ def test_coded_columns_arrange_to_the_rows_of_the_file(tmp_path_factory, rows, g
         snap = t.snapshot().read_all()
         assert snap.schema.field("s").type == pa.string()
         assert snap.schema.field("b").type == pa.binary()
-        assert _snapshot_rows(t, ["k", "s", "b"]) == _rows(table, ["k", "s", "b"])
+        assert snapshot_rows(t, ["k", "s", "b"]) == table_rows(table, ["k", "s", "b"])
 
 
 def test_a_large_file_stores_its_coded_column_from_the_codes(tmp_path):
@@ -75,9 +62,9 @@ def test_a_large_file_stores_its_coded_column_from_the_codes(tmp_path):
         t = e.arrange(str(path), key=["k"], vals=["seg", "v"])
         assert t.stats()["batches"] > 1   # several runs, read as they are or merged
         assert _val_codecs(t, "seg") == {"dict"}
-        assert _snapshot_rows(t, ["k", "seg", "v"]) == _rows(table, ["k", "seg", "v"])
+        assert snapshot_rows(t, ["k", "seg", "v"]) == table_rows(table, ["k", "seg", "v"])
         t.merge_all()
-        assert _snapshot_rows(t, ["k", "seg", "v"]) == _rows(table, ["k", "seg", "v"])
+        assert snapshot_rows(t, ["k", "seg", "v"]) == table_rows(table, ["k", "seg", "v"])
         as_table = e.arrange(table, key=["k"], vals=["seg", "v"])
         as_table.merge_all()
         # parts are cut by the strings the codes stand for, as from the strings themselves
@@ -101,7 +88,7 @@ def test_a_column_of_many_distinct_strings_is_read_as_strings(tmp_path):
     assert coded_columns(str(path), ["name"]) == []
     with Engine(spill_dir=tmp_path / "spill", memory_budget="64MiB") as e:
         t = e.arrange(str(path), key=["k"], vals=["name"])
-        assert _snapshot_rows(t, ["k", "name"]) == _rows(table, ["k", "name"])
+        assert snapshot_rows(t, ["k", "name"]) == table_rows(table, ["k", "name"])
 
 
 def test_inserting_a_file_of_coded_strings_keeps_them_strings(tmp_path):
@@ -118,7 +105,7 @@ def test_inserting_a_file_of_coded_strings_keeps_them_strings(tmp_path):
         assert t.snapshot().read_all().schema.field("s").type == pa.string()
         got = t.lookup(pa.table({"k": [2, 4, 5]}))
         assert got.schema.field("s").type == pa.string()
-        assert _snapshot_rows(t, ["k", "s"]) == _rows(pa.concat_tables([base, delta]),
+        assert snapshot_rows(t, ["k", "s"]) == table_rows(pa.concat_tables([base, delta]),
                                                       ["k", "s"])
 
 
@@ -130,7 +117,7 @@ def test_a_large_string_column_keeps_its_type(tmp_path):
     with Engine(spill_dir=tmp_path / "spill", memory_budget="64MiB") as e:
         t = e.arrange(str(path), key=["k"], vals=["s"])
         assert t.snapshot().read_all().schema.field("s").type == pa.large_string()
-        assert _snapshot_rows(t, ["k", "s"]) == _rows(table, ["k", "s"])
+        assert snapshot_rows(t, ["k", "s"]) == table_rows(table, ["k", "s"])
 
 
 def test_parts_kept_in_memory_hold_the_strings(tmp_path):
@@ -156,7 +143,7 @@ def test_parts_kept_in_memory_hold_the_strings(tmp_path):
             for k, s, d in zip(upd.keys["k"].to_pylist(), upd.vals["s"].to_pylist(),
                                upd.diffs.tolist()):
                 got[(k, s)] += d
-    assert got == _rows(table, ["k", "s"])
+    assert got == table_rows(table, ["k", "s"])
 
 
 def test_a_column_written_as_a_dictionary_is_stored_from_its_codes(tmp_path):
@@ -172,7 +159,7 @@ def test_a_column_written_as_a_dictionary_is_stored_from_its_codes(tmp_path):
         t = e.arrange(str(path), key=["k"], vals=["s"])
         assert t.snapshot().read_all().schema.field("s").type == pa.string()
         plain = table.set_column(1, "s", table["s"].cast(pa.string()))
-        assert _snapshot_rows(t, ["k", "s"]) == _rows(plain, ["k", "s"])
+        assert snapshot_rows(t, ["k", "s"]) == table_rows(plain, ["k", "s"])
 
 
 @settings(max_examples=25, deadline=None)
@@ -200,7 +187,7 @@ def test_dictionary_arrays_of_a_table_are_stored_from_their_codes(tmp_path_facto
     with Engine(spill_dir=tmp_path_factory.mktemp("spill"), memory_budget="64MiB") as e:
         t = e.arrange(table, key=["k"], vals=["s"])
         assert t.snapshot().read_all().schema.field("s").type == pa.string()
-        assert _snapshot_rows(t, ["k", "s"]) == _rows(plain, ["k", "s"])
+        assert snapshot_rows(t, ["k", "s"]) == table_rows(plain, ["k", "s"])
         dim = e.arrange(pa.table({"k": np.arange(201), "w": np.arange(201)}), key=["k"],
                         vals=["w"])
         strings = e.arrange(plain, key=["k"], vals=["s"])
@@ -231,7 +218,7 @@ def test_a_categorical_column_of_a_table_is_encoded_from_its_codes(monkeypatch, 
     with Engine(spill_dir=tmp_path / "spill", memory_budget="64MiB") as e:
         t = e.arrange(table, key=["k"], vals=["seg"])
         assert sum(calls) == t.stats()["updates"]   # every stored row from its code
-        assert _snapshot_rows(t, ["k", "seg"]) == _rows(plain, ["k", "seg"])
+        assert snapshot_rows(t, ["k", "seg"]) == table_rows(plain, ["k", "seg"])
         dim = e.arrange(pa.table({"k": np.arange(3_000)}), key=["k"])
         got = group_by(join(dim, t), by="seg", aggs={"n": ("count", None)}).read_all()
         assert dict(zip(got["seg"].to_pylist(), got["n"].to_pylist())) == Counter(
@@ -256,4 +243,4 @@ def test_a_table_of_many_categories_is_stored_from_its_strings(monkeypatch, tmp_
         t = e.arrange(table, key=["k"], vals=["seg"])
         assert not calls
         plain = table.set_column(1, "seg", table["seg"].cast(pa.string()))
-        assert _snapshot_rows(t, ["k", "seg"]) == _rows(plain, ["k", "seg"])
+        assert snapshot_rows(t, ["k", "seg"]) == table_rows(plain, ["k", "seg"])

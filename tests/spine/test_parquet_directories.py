@@ -14,21 +14,9 @@ import pytest
 from arrangedb import Engine, SchemaError, group_by, join
 from arrangedb.spine.data.ingest import known_rows
 from arrangedb.spine.data.parquet import coded_columns
+from conftest import snapshot_rows, table_rows
 
 SEGMENTS = np.array(["AUTOMOBILE", "BUILDING", "FURNITURE", "HOUSEHOLD", "MACHINERY"])
-
-
-def _rows(table: pa.Table, names: list[str]) -> Counter:
-    return Counter(zip(*(table.column(n).to_pylist() for n in names)))
-
-
-def _snapshot_rows(trace, names: list[str]) -> Counter:
-    snap = trace.snapshot().read_all()
-    out: Counter = Counter()
-    for row, count in zip(zip(*(snap.column(n).to_pylist() for n in names)),
-                          snap.column("count").to_pylist()):
-        out[row] += count
-    return out
 
 
 def _write_dataset(root, tables: list[pa.Table]) -> None:
@@ -58,7 +46,7 @@ def test_a_directory_arranges_to_the_rows_of_its_files(tmp_path):
     with Engine(spill_dir=tmp_path / "spill", memory_budget="16MiB") as e:
         t = e.arrange(str(tmp_path / "d"), key=["k"], vals=["seg", "v"])
         assert t.snapshot().read_all().schema.field("seg").type == pa.string()
-        assert _snapshot_rows(t, ["k", "seg", "v"]) == _rows(whole, ["k", "seg", "v"])
+        assert snapshot_rows(t, ["k", "seg", "v"]) == table_rows(whole, ["k", "seg", "v"])
         dim = e.arrange(pa.table({"k": np.arange(2_000), "w": np.arange(2_000) % 3}),
                         key=["k"], vals=["w"])
         got = group_by(join(dim, t), by="seg", aggs={"n": ("count", None)}).read_all()
@@ -77,7 +65,7 @@ def test_a_column_one_file_stores_plain_is_read_as_strings(tmp_path):
     assert coded_columns(str(tmp_path / "d"), ["seg"]) == []
     with Engine(spill_dir=tmp_path / "spill", memory_budget="64MiB") as e:
         t = e.arrange(str(tmp_path / "d"), key=["k"], vals=["seg"])
-        assert _snapshot_rows(t, ["k", "seg"]) == _rows(pa.concat_tables(tables),
+        assert snapshot_rows(t, ["k", "seg"]) == table_rows(pa.concat_tables(tables),
                                                         ["k", "seg"])
 
 
@@ -91,7 +79,7 @@ def test_a_file_lacking_a_column_is_named_and_nothing_is_kept(tmp_path):
         t = e.arrange(good, key=["k"], vals=["seg", "v"])
         with pytest.raises(SchemaError, match=r"b\.parquet.*\['seg'\]"):
             t.insert(str(tmp_path / "d"))
-        assert _snapshot_rows(t, ["k", "seg", "v"]) == _rows(good, ["k", "seg", "v"])
+        assert snapshot_rows(t, ["k", "seg", "v"]) == table_rows(good, ["k", "seg", "v"])
 
 
 def test_a_directory_without_parquet_files_is_refused(tmp_path):
