@@ -62,8 +62,9 @@ def _open_file(path: str, columns: list[str] | None, coded, directory: str | Non
     have = pf.schema_arrow
     missing = [c for c in columns or () if have.get_field_index(c) < 0]
     if missing:
-        raise SchemaError(f"Parquet file {path!r} of {directory!r} lacks column(s) "
-                          f"{missing} that its first file holds")
+        where = "" if directory is None else f" of {directory!r}"
+        raise SchemaError(f"Parquet file {path!r}{where} lacks column(s) {missing}"
+                          + ("" if directory is None else " that its first file holds"))
     schema = have if columns is None else pa.schema([have.field(c) for c in columns])
     # decoded on the reading thread alone: pyarrow's pool decoding the columns side by
     # side ran four threads on two cores beside the sort (dim_dim's cold query took
