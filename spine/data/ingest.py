@@ -339,8 +339,9 @@ def to_updates(batch: pa.RecordBatch, cols: Columns, key_schema: pa.Schema,
                val_schema: pa.Schema | None, default_time: int = 0,
                default_diff: int = 1, coded: frozenset = frozenset()) -> Updates:
     """Check one input batch and turn it into updates (not yet sorted). Val columns in
-    ``coded`` that come as dictionary arrays stay so (``parquet.coded_columns``): their
-    codes go on to the ``dict`` codec; every other dictionary column is decoded."""
+    ``coded`` that come as dictionary arrays stay so (``parquet.coded_columns``,
+    :func:`coded_table_columns`): their codes go on to the ``dict`` codec; every other
+    dictionary column is decoded."""
     n = batch.num_rows
     missing = [c for c in cols.key + (cols.vals or []) if c not in batch.schema.names]
     if missing:

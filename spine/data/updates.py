@@ -111,8 +111,8 @@ class Updates:
 
     @property
     def decoded_nbytes(self) -> int:
-        """``nbytes`` as the rows read back: a dictionary-coded val column (a Parquet
-        file's codes) counted as the values it stands for, which parts are sized by."""
+        """``nbytes`` as the rows read back: a dictionary-coded val column (codes kept
+        from the input) counted as the values it stands for, which parts are sized by."""
         n = self.nbytes
         for col in self.vals.columns if self.vals is not None else ():
             if pa.types.is_dictionary(col.type):   # the values, and an offset a row
@@ -137,7 +137,7 @@ class Updates:
                        self.diffs[start:stop])
 
     def with_plain_vals(self) -> "Updates":
-        """The same rows with dictionary-coded val columns (a Parquet file's codes, kept
+        """The same rows with dictionary-coded val columns (codes kept from the input,
         for the ``dict`` codec) decoded into their values, as reads return them."""
         if self.vals is None or not any(pa.types.is_dictionary(f.type)
                                         for f in self.vals.schema):

@@ -75,7 +75,7 @@ def _encoded(prefix: str, values, codec: str, choices: dict | None) -> Encoded:
 
 
 def _coded(values, codec: str) -> Encoded | None:
-    """A dictionary column (a Parquet string column read as codes) stored from its own
+    """A dictionary column (strings kept as codes from the input) stored from its own
     codes where ``auto`` would store its values so (``choose.dict_fits``)."""
     if not isinstance(values, pa.DictionaryArray) or codec not in ("auto", "dict"):
         return None

@@ -45,7 +45,7 @@ def payload_bytes(table: pa.Table | None, rows: np.ndarray | None = None) -> int
             if rows is not None:
                 col = col.take(pa.array(rows))
             total += int(sum(_value_bytes(c) for c in col.chunks))
-        elif pa.types.is_dictionary(t):   # a Parquet file's string codes: their strings
+        elif pa.types.is_dictionary(t):   # strings kept as their codes: the strings
             if rows is not None:
                 col = col.take(pa.array(rows))
             total += sum(coded_value_bytes(c) for c in col.chunks)
