@@ -17,6 +17,7 @@ Invariants
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
@@ -109,10 +110,12 @@ class Updates:
         n = self.keys.nbytes + _nbytes(self.times) + _nbytes(self.diffs)
         return n + (self.vals.nbytes if self.vals is not None else 0)
 
-    @property
+    @cached_property
     def decoded_nbytes(self) -> int:
         """``nbytes`` as the rows read back: a dictionary-coded val column (codes kept
-        from the input) counted as the values it stands for, which parts are sized by."""
+        from the input) counted as the values it stands for, which parts are sized by.
+        Kept once known: a run is sized by it several times on its way into a batch
+        (~1 ms a time for 750k coded rows)."""
         n = self.nbytes
         for col in self.vals.columns if self.vals is not None else ():
             if pa.types.is_dictionary(col.type):   # the values, and an offset a row
