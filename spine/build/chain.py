@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from arrangedb.spine.build.builder import Builder
 from arrangedb.spine.data.codes import count_le
+from arrangedb.spine.data.kernels import keys_in_order
 from arrangedb.spine.data.updates import Updates
 from arrangedb.spine.storage.batch import Batch
 from arrangedb.spine.storage.part import boundary_key
@@ -101,6 +102,25 @@ class Chain:
         builder, self.builder, self._last = self.builder, None, None
         if builder is not None:
             builder.abort()
+
+
+class KeyOrder:
+    """Whether an input's batches so far come in key order (one fixed-width key
+    column): each in order, none starting before the one before it ended. Input in no
+    order is told by its first batch's first 64 keys, and no batch is looked at after."""
+
+    def __init__(self):
+        self.ordered = True
+        self._last: pa.Table | None = None   # the last key of the batches seen
+
+    def see(self, upd: Updates) -> bool:
+        """Take the input's next batch ``upd``; whether all so far are in key order."""
+        if self.ordered and len(upd):
+            first = upd.keys.slice(0, 1)
+            self.ordered = keys_in_order(upd.keys) and (
+                self._last is None or keys_in_order(pa.concat_tables([self._last, first])))
+            self._last = upd.keys.slice(len(upd) - 1, 1)
+        return self.ordered
 
 
 def split_last_key(buffered: list[Updates]) -> list[Updates]:

@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from arrangedb.codecs import parallel
 from arrangedb.spine.build.builder import Builder
-from arrangedb.spine.build.chain import Chain, split_last_key
+from arrangedb.spine.build.chain import Chain, KeyOrder, split_last_key
 from arrangedb.spine.build.merger import Merger
 from arrangedb.spine.data import roles
 from arrangedb.spine.data.ingest import (Columns, coded_table_columns, is_file_input,
@@ -40,6 +40,10 @@ _STARTS_BYTES_PER_ROW = 8   # a resident run's key starts: an int64 per key and 
 # of 2.6M arranged in 0.87-0.92 s (peak RSS +322 MiB), 8 of 1.25M in 0.69-0.74 s (+211
 # MiB); a join reading them took 0.12-0.16 s instead of 0.07.
 _SPREAD_RUN_BYTES = 96 << 20
+# A file read in key order is sealed batch by batch once this much is buffered (runs
+# that chain: one batch all the same), so that its encoding runs beside the reading:
+# a file of tiny row groups is not sealed a thousand rows at a time.
+_EARLY_SEAL_BYTES = 2 << 20
 
 
 def sort_cost(input_bytes: int, rows: int) -> int:
@@ -150,6 +154,7 @@ class RunBuilder:
         oversized: list[Batch] = []   # those written with a merge's larger parts
         # runs in key order go on into one batch (chain); resident ones stay apart
         chain = None if resident else Chain(self.ctx.whole_part_bytes)
+        early = KeyOrder() if ahead and chain is not None else None
 
         def seal(alone: bool = False, last: bool = False):
             """Sort what is buffered into a run; its reservation passes to seal. The
@@ -230,6 +235,10 @@ class RunBuilder:
                         f"{int(upd.times.min())}, before the trace's upper frontier {lower}: "
                         "a trace accepts updates at its upper or later (earlier times may "
                         "have been read already); nothing of this input was added")
+                # input in key order while a file's reader decodes the next batches:
+                # sealed as it comes, it chains on into one batch, each piece encoded
+                # beside the reading instead of a run's worth at a time after it
+                in_order = early is not None and early.see(upd)
                 while len(upd) > 1 and excess(size + upd.nbytes, rows + len(upd)) > 0:
                     # the run takes the rows that fit its share and the resident room,
                     # the rest starts the next: runs cut at input batches were 10% short
@@ -244,7 +253,7 @@ class RunBuilder:
                     if not k and rows >= held:
                         break   # the run kept all it held (one key's rows, for the chain)
                 buffer(upd)
-                if excess(size, rows) >= 0:   # full
+                if excess(size, rows) >= 0 or (in_order and size >= _EARLY_SEAL_BYTES):
                     seal()
             if buffered:
                 seal(alone=not runs and not (chain is not None and chain.open), last=True)

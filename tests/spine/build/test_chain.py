@@ -130,3 +130,72 @@ def test_a_run_that_cancels_out_leaves_the_batch_open(tmp_path):
     assert len(batches) == 1
     kept = np.concatenate([k[:n], k[2 * n:]])
     assert got["k"].to_pylist() == kept.tolist() and set(got["count"].to_pylist()) == {1}
+
+
+def _arranged_file(tmp_path, monkeypatch, table: pa.Table, row_group_rows: int,
+                   files: int = 1):
+    """``table`` written as Parquet in row groups of ``row_group_rows`` (in ``files``
+    files of a directory, in order, when more than one) and arranged from it by k (val
+    v) under a budget that one run holds it in; its batches, snapshot and how many runs
+    were sealed."""
+    import pyarrow.parquet as pq
+
+    from arrangedb.spine.build.runs import RunBuilder
+
+    path = tmp_path / "in"
+    if files == 1:
+        path = tmp_path / "in.parquet"
+        pq.write_table(table, path, row_group_size=row_group_rows)
+    else:
+        path.mkdir()
+        step = -(-table.num_rows // files)
+        for i in range(files):
+            pq.write_table(table.slice(i * step, step), path / f"part-{i:05d}.parquet",
+                           row_group_size=row_group_rows)
+    sealed = []
+    real = RunBuilder.seal
+
+    def seal(self, *a, **k):
+        sealed.append(1)
+        return real(self, *a, **k)
+    monkeypatch.setattr(RunBuilder, "seal", seal)
+    with Engine(spill_dir=tmp_path, memory_budget="512MiB", idle_merge=False) as engine:
+        trace = engine.arrange(str(path), key=["k"], vals=["v"])
+        return trace.batches(), trace.snapshot().read_all(), len(sealed)
+
+
+def test_a_file_in_key_order_is_sealed_batch_by_batch_into_one_batch(tmp_path,
+                                                                      monkeypatch):
+    """A run would hold the whole file, yet each batch read is sealed as it comes (its
+    encoding beside the reading of the next), and the runs chain: one batch. A key's
+    rows that straddle two batches stay in one run."""
+    rng = np.random.default_rng(5)
+    n = 1_000_000
+    t = pa.table({"k": np.repeat(np.arange(n // 3 + 1), 3)[:n], "v": rng.integers(0, 50, n)})
+    batches, got, sealed = _arranged_file(tmp_path, monkeypatch, t, 250_000)
+    assert len(batches) == 1 and sealed >= 4
+    _same(got, t)
+
+
+def test_small_files_in_key_order_are_not_sealed_file_by_file(tmp_path, monkeypatch):
+    """A directory of 200 small files, each read as batches of its own: sealed a few
+    MiB at a time, not a file at a time."""
+    rng = np.random.default_rng(6)
+    n = 400_000
+    t = pa.table({"k": np.arange(n), "v": rng.integers(0, 50, n)})
+    batches, got, sealed = _arranged_file(tmp_path, monkeypatch, t, 1_000, files=200)
+    assert len(batches) == 1 and sealed <= n * 16 // (2 << 20) + 2
+    _same(got, t)
+
+
+def test_a_file_whose_key_order_breaks_is_sealed_in_runs_after(tmp_path, monkeypatch):
+    """Its first half in key order, the rest not: what was read in order is sealed as
+    it came; from the first batch out of order on, the rest is one run, as any input
+    (a run holds it all). Two batches, the rows as the model has them."""
+    rng = np.random.default_rng(7)
+    n = 500_000
+    k = np.concatenate([np.arange(n), rng.integers(0, n, n)])
+    t = pa.table({"k": k, "v": rng.integers(0, 50, 2 * n)})
+    batches, got, sealed = _arranged_file(tmp_path, monkeypatch, t, 250_000)
+    assert len(batches) == 2 and sealed == 2
+    _same(got, t)
