@@ -70,7 +70,10 @@ class Chain:
         if not len(run):
             return
         if self._last is not None:
-            self.builder.cut()
+            if run.decoded_nbytes >= self.builder.part_bytes:
+                self.builder.cut()   # the run's own parts are slices of it, never copied
+            # (a smaller run -- a file sealed batch by batch -- fills the part buffered
+            # before it: a part per run would be a third of a part each)
             self._grow(self._payload + run.decoded_nbytes)
         self.builder.push(run)
         self._payload += run.decoded_nbytes
