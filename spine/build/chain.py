@@ -9,9 +9,12 @@ source and the idle merger leaves alone (as two runs, a 1M-row dimension at 128 
 would be two batches, merged by every join that reads it).
 
 The chain holds its builder open between runs: a run's last part stays buffered (a
-part's worth, reserved) until the next run goes on, which first writes it as it is, so
-that the next run's rows are never concatenated with it; or until the chain closes.
-A build cuts its runs between keys (:func:`split_last_key`), so that such runs chain.
+part's worth, reserved) until the next run goes on, or the chain closes. A run of a
+part or more first writes it as it is, so that the run's rows are never concatenated
+with it (its parts are slices of it); a smaller run -- a file read in key order is
+sealed a batch at a time (:class:`KeyOrder`) -- fills it instead, so that the batch's
+parts stay of their size. A build cuts its runs between keys (:func:`split_last_key`),
+so that such runs chain.
 """
 
 from __future__ import annotations
@@ -71,9 +74,7 @@ class Chain:
             return
         if self._last is not None:
             if run.decoded_nbytes >= self.builder.part_bytes:
-                self.builder.cut()   # the run's own parts are slices of it, never copied
-            # (a smaller run -- a file sealed batch by batch -- fills the part buffered
-            # before it: a part per run would be a third of a part each)
+                self.builder.cut()   # (module notes)
             self._grow(self._payload + run.decoded_nbytes)
         self.builder.push(run)
         self._payload += run.decoded_nbytes
