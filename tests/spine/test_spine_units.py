@@ -292,6 +292,32 @@ def test_sort_rows_orders_ties_that_differ_in_time(rows, pairs):
     assert np.array_equal(starts, _distinct_starts(k[order], v[order], t[order]))
 
 
+@settings(max_examples=300)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 1), st.integers(0, 3)),
+                min_size=1, max_size=60),
+       st.lists(st.integers(1, 4), min_size=60, max_size=60), st.booleans())
+def test_sort_rows_leaves_groups_of_copies_and_orders_the_rest(rows, copies, runs):
+    """A lookup across a view's batches meets each stored row with its copies (its
+    retraction and reinsertion in later batches): groups of equal rows, which need no
+    ordering, beside groups whose rows differ below the packed prefix, which do. Both
+    come out in order, each group's copies one distinct row."""
+    k = np.array([r[0] for r in rows], np.int64)
+    v = (np.array([r[1] for r in rows], np.uint64) << np.uint64(60)) | \
+        np.array([r[2] for r in rows], np.uint64)
+    reps = np.array(copies[:len(rows)])
+    if runs:   # copy j of each row in run j, each run sorted: batches read side by side
+        at = [np.flatnonzero(reps > j) for j in range(4)]
+        pieces = [a[np.lexsort((v[a], k[a]))] for a in at if len(a)]
+        idx = np.concatenate(pieces)
+    else:
+        idx = np.repeat(np.arange(len(rows)), reps)
+    k, v = k[idx], v[idx]
+    order, starts = sort_rows(k, v, None, presorted_runs=runs)
+    expected = np.lexsort((v, k))
+    assert np.array_equal(k[order], k[expected]) and np.array_equal(v[order], v[expected])
+    assert np.array_equal(starts, _distinct_starts(k[order], v[order]))
+
+
 @settings(max_examples=200)
 @given(st.sampled_from(["int8", "int32", "int64", "uint32", "uint64"]),
        st.lists(st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)),
