@@ -68,12 +68,17 @@ class KeyPartials:
         # prefix-summed and differenced at the bounds (exact: int64 wraps alike on both
         # sides), floats summed by bincount over each row's key
         short = len(starts) * SHORT_RUNS > len(counts)
+        # two rows every key (a view's change: each group's old row retracted, its new
+        # one inserted): summed as the two halves of a strided view, in row order
+        pairs = short and len(counts) == 2 * len(starts) and bool((rows == 2).all())
         key_of = None   # each row's key, made once if a sum needs it
 
         def per_key(x: np.ndarray) -> np.ndarray:
             nonlocal key_of
             if not len(starts):
                 return x[:0]
+            if pairs:
+                return x[0::2] + x[1::2]
             if not short:
                 return np.add.reduceat(x, starts)
             if x.dtype.kind in "iub":

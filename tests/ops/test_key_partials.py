@@ -1,6 +1,7 @@
-"""Per-key partials of a block against sums in Python: long runs (summed by reduceat) and
-short ones (summed by bincount over each row's key), integers exact wherever a float64
-sum could round them, nulls counted as the grouping counts them."""
+"""Per-key partials of a block against sums in Python: long runs (summed by reduceat),
+short ones (summed by bincount over each row's key) and two rows every key (a view's
+change: summed as two strided halves), integers exact wherever a float64 sum could
+round them, nulls counted as the grouping counts them."""
 
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ AGGS = {"n": ("count", None), "c": ("count", "x"), "s": ("sum", "x")}
 @settings(max_examples=200, deadline=None)
 @given(runs=st.lists(st.integers(1, 9), min_size=1, max_size=40),
        kind=st.sampled_from(["small", "huge", "float"]), seed=st.integers(0, 2**32 - 1),
-       nulls=st.booleans())
-def test_per_key_partials_equal_python_sums(runs, kind, seed, nulls):
+       nulls=st.booleans(), pairs=st.booleans())
+def test_per_key_partials_equal_python_sums(runs, kind, seed, nulls, pairs):
+    if pairs:
+        runs = [2] * len(runs)
     rng = np.random.default_rng(seed)
     n = sum(runs)
     counts = rng.choice([-3, -1, 1, 1, 2], n).astype(np.int64)
