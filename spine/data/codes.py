@@ -31,7 +31,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from arrangedb.codecs.arrow_decimal import decimal_words, unscaled_int64
-from arrangedb.spine.data.order import pack, row_starts
+from arrangedb.spine.data.argsort import pack
+from arrangedb.spine.data.order import row_starts
 
 _SIGN_BIT = np.int64(-0x8000000000000000)
 

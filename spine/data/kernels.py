@@ -81,7 +81,7 @@ def consolidate(upd: Updates, since: int | None = None, presorted_runs: bool | i
 
     With ``since``, times are first advanced to ``max(time, since)`` (logical compaction).
     Input in any order; ``presorted_runs``: the input is concatenated sorted runs (True,
-    or how many), which the sort may exploit (see ``order._sort_values``).
+    or how many), which the sort may exploit (see ``argsort.sort_values``).
     """
     n = len(upd)
     if n == 0:

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from arrangedb.spine.data.order import (few_runs, from_offsets, never_falls, run_lengths,
-                                        sort_values, span_bits, starts_of)
+from arrangedb.spine.data.argsort import from_offsets, sort_values, span_bits
+from arrangedb.spine.data.order import few_runs, never_falls, run_lengths, starts_of
 
 
 def distinct_sorted(columns: list[np.ndarray], presorted_runs: bool | int = False,

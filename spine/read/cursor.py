@@ -24,7 +24,7 @@ import pyarrow as pa
 from arrangedb.spine.data.kernels import accumulate, consolidate, filter_times, key_starts
 from arrangedb.spine.data.layout import PartLayout, leaf_totals, repeat_rows
 from arrangedb.spine.data.codes import codes
-from arrangedb.spine.data.order import fast_argsort
+from arrangedb.spine.data.argsort import fast_argsort
 from arrangedb.spine.storage.dictionaries import dictionary_schema
 from arrangedb.spine.read.reader import MergedReader, step_updates
 from arrangedb.spine.data.updates import Updates, constant, extent, is_constant

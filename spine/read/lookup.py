@@ -13,7 +13,8 @@ from arrangedb.spine.data.ingest import SchemaError, cast_column
 from arrangedb.spine.data.kernels import accumulate, adjacent_sums, filter_times
 from arrangedb.spine.data.layout import both_ends, leaf_updates, ranges, run_index, select_vals
 from arrangedb.spine.data.codes import absolute_codes, codes, is_absolute
-from arrangedb.spine.data.order import is_identity, row_starts, run_lengths, sort_order
+from arrangedb.spine.data.argsort import sort_order
+from arrangedb.spine.data.order import is_identity, row_starts, run_lengths
 from arrangedb.spine.data.updates import Updates, concat_column, is_constant
 from arrangedb.spine.read.reader import part_edges
 from arrangedb.spine.storage.batch import Batch

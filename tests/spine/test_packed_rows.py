@@ -11,7 +11,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 
 from arrangedb.spine.data.kernels import consolidate
-from arrangedb.spine.data.order import PARALLEL_SORT_FROM
+from arrangedb.spine.data.argsort import PARALLEL_SORT_FROM
 from arrangedb.spine.data.packed_rows import distinct_sorted
 from arrangedb.spine.data.updates import Updates
 

@@ -17,8 +17,8 @@ from arrangedb.spine.data.ingest import Columns, SchemaError, open_batches, targ
 from arrangedb.spine.data.kernels import consolidate, filter_times
 from arrangedb.spine.data.layout import bounds_dtype, from_layout, to_layout
 from arrangedb.spine.data.codes import codes
-from arrangedb.spine.data.order import (PARALLEL_SORT_FROM, fast_argsort, sort_rows,
-                                        sorted_rows)
+from arrangedb.spine.data.argsort import PARALLEL_SORT_FROM, fast_argsort
+from arrangedb.spine.data.order import sort_rows, sorted_rows
 from arrangedb.spine.build.levels import level_of
 from arrangedb.spine.trace import Trace
 from arrangedb.spine.data.updates import Updates, constant
