@@ -230,10 +230,17 @@ class Spine:
             self.levels[index] = Level([batch])
             self._promote(self._merged(lvl), lvl.batches, index)
 
-    def _promote(self, result: Batch, inputs: list[Batch], index: int) -> None:
+    def _promote(self, result: Batch, inputs: list[Batch], index: int,
+                 settle: bool = False) -> None:
+        """Put a merge's result on the level above its inputs' (``settle``: lower, down
+        to the level its size calls for, through levels left vacant)."""
         self._drop_inputs(inputs)
         if len(result):
-            self._insert_at(result, index + 1)
+            at = index + 1
+            if settle:
+                while at > level_of(len(result)) and self.levels[at - 1] is None:
+                    at -= 1
+            self._insert_at(result, at)
 
     def _pay_for(self, index: int) -> None:
         """The fuel a batch landing on level ``index`` pays: ``(8 << index) * effort``
@@ -266,7 +273,7 @@ class Spine:
                     merger.pay(fuel)
                 if merger.done:
                     self.levels[i] = None
-                    self._promote(self._merged(lvl), lvl.batches, i)
+                    self._promote(self._merged(lvl), lvl.batches, i, settle=True)
 
     def exert(self, fuel: int, policy=None) -> None:
         """Spend ``fuel`` units of merge work, starting a merge if none is in progress

@@ -10,6 +10,7 @@ import pyarrow as pa
 
 import arrangedb
 from arrangedb.spine.build.exertion import LevelState, default_exertion, never, together
+from arrangedb.spine.build.levels import level_of
 
 
 def _history(engine, rng, inserts=30, n=500):
@@ -90,14 +91,15 @@ def test_the_idle_merger_follows_the_traces_policy(tmp_path):
 
 def test_the_default_policy_merges_batches_in_proportion():
     """Work while a merge is in progress, while a batch holds at least 1/16 of the
-    largest (by level: within four of it), or while a lone batch is behind the logical
-    frontier; a batch far smaller than the largest (a delta) is left alone, and
-    ``together`` never compacts a lone batch."""
+    largest's updates, or while a lone batch is behind the logical frontier; a batch far
+    smaller than the largest (a delta) is left alone, and ``together`` never compacts a
+    lone batch."""
     one = LevelState(level=10, batches=1, updates=1000, merging=False, behind=False)
     assert default_exertion([]) is None
     assert default_exertion([one]) is None
-    assert default_exertion([one, LevelState(6, 1, 60, False, False)])
-    assert default_exertion([LevelState(6, 1, 60, False, True), one])
+    assert default_exertion([one, LevelState(6, 1, 63, False, False)])
+    assert default_exertion([one, LevelState(6, 1, 62, False, False)]) is None   # 1/16.1
+    assert default_exertion([LevelState(6, 1, 63, False, True), one])
     assert default_exertion([one, LevelState(5, 1, 30, False, False)]) is None
     assert default_exertion([one, LevelState(5, 1, 30, False, True)]) is None
     assert default_exertion([one, LevelState(5, 2, 60, True, False)])
@@ -129,3 +131,32 @@ def test_an_idle_trace_leaves_a_small_delta_beside_its_large_batch(tmp_path):
         assert sum(before.values()) == 444_000
         trace.merge_all()             # asked for: one batch
         assert trace.stats()["batches"] == 1 and _snap(trace) == before
+
+
+def test_a_merge_whose_retractions_cancel_stays_on_the_level_of_its_size(tmp_path):
+    """A view's state merged with each change and compacted keeps its size: the merged
+    batch goes back to the level that size calls for, not one up per merge (as
+    differential dataflow's spine draws a large layer down). Climbing a level a change,
+    it left the changes after it so far below that the level-judged idle merges no
+    longer took them in, and every lookup read them all."""
+    rng = np.random.default_rng(7)
+    n = 50_000
+    vals = rng.integers(0, 1000, n)
+    with arrangedb.Engine(spill_dir=tmp_path, memory_budget="64MiB", idle_merge=False) as e:
+        trace = e.arrange(pa.table({"k": np.arange(n), "v": vals}), key=["k"], vals=["v"])
+        handle = trace.handle()
+        for step in range(1, 7):
+            moved = rng.choice(n, n // 10, replace=False)
+            new = vals[moved] + 1000 * step
+            t = pa.array(np.full(2 * len(moved), step, np.uint64))
+            trace.insert(pa.table({"k": np.concatenate([moved, moved]),
+                                   "v": np.concatenate([vals[moved], new]), "t": t,
+                                   "d": np.repeat([-1, 1], len(moved))}),
+                         time="t", diff="d")
+            vals[moved] = new
+            handle.set_logical_compaction(step)
+            trace.exert(10 ** 9)
+            levels = [i for i, lvl in enumerate(trace.spine.levels) if lvl is not None]
+            assert trace.stats()["updates"] == n and levels == [level_of(n)], (step, levels)
+        got = trace.snapshot().read_all().sort_by("k")
+        assert got.column("v").to_numpy().tolist() == vals.tolist()
