@@ -204,7 +204,7 @@ def _prefix_order(columns: list[np.ndarray], presorted_runs: bool = False,
     presorted_runs = presorted_runs or few_runs(prefix)
     # the prefix is its own offset (its columns' are): below 2**used, no offsetting pass
     packed = packed_argsort(prefix, stable_merge=presorted_runs, ties=True, bits=used,
-                             values=whole)
+                            values=whole)
     order, ties, lead = packed[0], packed[1], None
     if whole:
         lead = packed[2]
@@ -266,7 +266,7 @@ def _order_ties(order: np.ndarray, sub: np.ndarray, group: np.ndarray,
 def _mixed_groups(ties: list[np.ndarray]) -> np.ndarray | None:
     """Which rows of ``ties`` (a group label, then the columns its rows can differ
     in; each group's rows adjacent) are in a group whose rows are not all equal; None
-    when every group's are not. A lookup across a view's batches meets each stored row
+    when that is every row. A lookup across a view's batches meets each stored row
     with its copies -- its retraction and its reinsertion in later batches: 1.2M such
     rows (a view's state and two changes, 244k keys) sorted in 31 ms instead of 46 once
     their groups of copies are left alone."""
