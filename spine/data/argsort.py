@@ -41,7 +41,7 @@ def from_offsets(off: np.ndarray, lo: int, dtype: np.dtype) -> np.ndarray:
 
 
 def packed_argsort(x: np.ndarray, stable_merge: bool = False, ties: bool = False,
-                    bits: int | None = None, values: bool = False):
+                   bits: int | None = None, values: bool = False):
     """argsort by sorting values: (x - min) with the row index in the low bits.
 
     numpy sorts plain integers several times faster than it argsorts them (vectorized
