@@ -34,12 +34,6 @@ import time
 import weakref
 
 QUIET_SECONDS = 0.05
-# The share of the budget past which the thread hands what its merges freed back to
-# the OS. Memory handed back is faulted in afresh by the next step: with trims from
-# half the budget, a two-hop loop settled between its steps (RSS 270 MiB over the
-# baseline at 512 MiB) took 0.13 s a step instead of 0.09, its insert 0.019 s instead
-# of 0.008. Past this share a reservation that finds RSS over the limit still trims.
-SETTLE_SHARE = 0.75
 
 
 class IdleMerger:
@@ -126,7 +120,7 @@ class IdleMerger:
 
     def _settle(self) -> None:
         try:
-            self.ctx.settle(share=SETTLE_SHARE)
+            self.ctx.settle()
         except Exception:   # noqa: BLE001 - a trim that fails leaves memory as it was
             pass
 

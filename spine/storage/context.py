@@ -80,18 +80,17 @@ class StorageContext:
         if self.resident is not None:
             self.resident.close()
 
-    def settle(self, free_before: int = 0, share: float = 0.5) -> None:
+    def settle(self, free_before: int = 0) -> None:
         """After a big step (an arrange, a merge): give back what is freed but still
         resident -- pages mapped beside released regions, and the allocators' free
-        blocks once RSS passes ``share`` of the budget (:meth:`MemoryBudget.trim_if_high`)
-        -- so that RSS, which the budget watches, shows what is really held.
-        ``free_before``: what the allocators held freed when the step began
-        (:meth:`heap_free`); only what the step freed counts toward a trim (what earlier
-        work left freed is the next steps' to reuse; a reservation that finds RSS over
-        the limit hands it back)."""
+        blocks once RSS is high (:meth:`MemoryBudget.trim_if_high`) -- so that RSS,
+        which the budget watches, shows what is really held. ``free_before``: what the
+        allocators held freed when the step began (:meth:`heap_free`); only what the
+        step freed counts toward a trim (what earlier work left freed is the next
+        steps' to reuse; a reservation that finds RSS over the limit hands it back)."""
         if self.budget is None:
             return
-        self.budget.trim_if_high(share=share, free_before=free_before)
+        self.budget.trim_if_high(free_before=free_before)
         MappedRegions.of(self.budget).sweep()
 
     def heap_free(self) -> int:
