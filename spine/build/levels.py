@@ -8,9 +8,12 @@ updates enters at level ``ceil(log2 n)``; before it does, every merge in progres
 ``(8 << level) * effort`` units of fuel (4 for the new records, 4 for those rolled up
 from below), and the levels below are rolled up into it. When a batch lands on a level
 that holds one, the two start merging; when it lands on a level already merging, that
-merge is finished first and its result moves up. ``exert`` spends fuel while idle and,
-with no merge in progress, starts one -- without it, retracted data would hold memory
-forever once inserts stop.
+merge is finished first and its result moves up. A merge that fuel finishes puts its
+result on the level its size calls for, down through vacant levels: retractions cancel
+in merges, and a view's state merged with each change keeps its size (differential
+dataflow's spine draws a large layer down the same way). ``exert`` spends fuel while
+idle and, with no merge in progress, starts one -- without it, retracted data would
+hold memory forever once inserts stop.
 
 Failure atomicity and readers: every change (``insert``, ``insert_runs``, ``exert``,
 ``merge_all``, frontier moves) runs as a transaction over a copy of the level list.
