@@ -59,12 +59,15 @@ LOOKUP_WINDOWS = 4   # windows of A's changed keys looked up in B at once
 
 
 def join_group_by_changes(left, right, by, aggs: dict, since: int, upto: int | None = None,
-                          engine=None, batch_rows: int = DEFAULT_BATCH_ROWS
+                          engine=None, batch_rows: int = DEFAULT_BATCH_ROWS, check=None
                           ) -> pa.RecordBatchReader:
     """``group_by(join(left, right, since=since, upto=upto), by, aggs)`` -- the grouped
     changes of an inner join in ``[since, upto)`` -- with A's changes summed per key
     below the join where only A changed (module notes). Shapes other than counts and
-    sums of one side's columns grouped on the other's run as written."""
+    sums of one side's columns grouped on the other's run as written. ``check``: called
+    with each block of A's changes before it is used (a caller's test of the changes it
+    can take, raising to refuse them); with the aggregation pushed below the join
+    only."""
     batch_rows = check_batch_rows(batch_rows)
     check_traces(left, right)
     check_window((left, right), None, since, upto)
@@ -119,6 +122,8 @@ def join_group_by_changes(left, right, by, aggs: dict, since: int, upto: int | N
         pending, held = [], 0
         for blocks in co_blocks([left, right], changes=(since, upto), dictionary=dictionary):
             da, db = blocks[side], blocks[b_side]
+            if check is not None and len(da):
+                check(da)
             if len(db):   # B changed here: the join's changes as written, grouped
                 yield from grouped(pending)
                 pending, held = [], 0

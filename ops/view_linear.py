@@ -61,13 +61,14 @@ def _grouped(g: dict, j: dict, lower: int, upper: int, timed: bool) -> pa.Table:
     columns = summed(aggs)
     side = None if timed else changes_pushdown_side(left, right, by, aggs, "inner")
     if side is not None and not may_change((right, left)[side], lower, upper):
-        # the joined rows' summed values are those of the summed side's changes
+        # the joined rows' summed values are those of the summed side's changes,
+        # checked block by block as the grouping reads them
         where = output_sides(left, right)
         stored = [where[c][1] for c in columns if where[c][0] != "key"]
-        for b in (left, right)[side].changes(since=lower, upto=upper):
-            _check_changes(b, stored)
         return join_group_by_changes(left, right, by, aggs, lower, upper,
-                                     engine=g["engine"]).read_all()
+                                     engine=g["engine"],
+                                     check=lambda block: _check_block(block, stored)
+                                     ).read_all()
     # string group columns as codes, as the planner reads them for the plan itself
     changes = join(left, right, since=lower, upto=upper,
                    read_dictionary=coded_group_columns(g, j) or None)
@@ -88,8 +89,14 @@ class _NotFromChanges(Exception):
 def _check_changes(changes: pa.RecordBatch, columns: list[str]) -> None:
     """Raise _NotFromChanges when a change of ``columns`` is null or retracts a NaN or
     inf."""
-    if any(changes.column(c).null_count or _non_finite_retracted(changes, c)
-           for c in columns):
+    diffs = changes.column("diff").to_numpy()
+    if any(_refused(changes.column(c), diffs) for c in columns):
+        raise _NotFromChanges
+
+
+def _check_block(block, columns: list[str]) -> None:
+    """:func:`_check_changes` of a block of changes (its vals and diffs)."""
+    if any(_refused(block.vals.column(c), block.counts) for c in columns):
         raise _NotFromChanges
 
 
@@ -133,14 +140,17 @@ def _plus(a: pa.Array, b: pa.Array) -> pa.Array:
     return limbs_to_decimal([x + y for x, y in zip(la, lb)], a.type)
 
 
-def _non_finite_retracted(changes: pa.RecordBatch, column: str) -> bool:
-    col = changes.column(column)
-    if not pa.types.is_floating(col.type) or not len(col):
+def _refused(values, diffs: np.ndarray) -> bool:
+    """Whether ``values`` (a column of changes) hold a null, or a NaN or inf that
+    ``diffs`` retracts."""
+    if values.null_count:
+        return True
+    if not pa.types.is_floating(values.type) or not len(values):
         return False
-    finite = np.isfinite(col.to_numpy(zero_copy_only=False))   # (no nulls: checked first)
+    finite = np.isfinite(values.to_numpy())   # (no nulls)
     if finite.all():   # the usual case: one pass
         return False
-    return bool((~finite & (changes.column("diff").to_numpy() < 0)).any())
+    return bool((~finite & (diffs < 0)).any())
 
 
 def summed(aggs: dict) -> list[str]:
